@@ -1,0 +1,99 @@
+"""The `dflash-iree` command line.
+
+Subcommands:
+- `eager`: decode with the eager PyTorch reference (needs the `compile` extra), plain or DFlash.
+
+Bad input (DFlashError) prints one message and exits with status 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .errors import DFlashError
+
+
+def _encode_prompt(target_dir: str, text: str | None, ids: str | None) -> list[int]:
+    if ids:
+        try:
+            return [int(t) for t in ids.replace(",", " ").split()]
+        except ValueError:
+            raise DFlashError(f"--prompt-ids '{ids}' is not a list of integers") from None
+    tok = Path(target_dir) / "tokenizer.json"
+    if not tok.is_file():
+        raise DFlashError(f"{tok} does not exist; pass --prompt-ids, or use a target folder with a tokenizer.json")
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(tok)).encode(text or "").ids
+
+
+def _decode(target_dir: str, ids: list[int]) -> str | None:
+    tok = Path(target_dir) / "tokenizer.json"
+    if not tok.is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(tok)).decode(ids)
+
+
+def cmd_eager(args) -> int:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise DFlashError("the eager reference needs torch: install the compile extra (pip install 'dflash-iree[compile]')") from None
+    from dflash_iree.export.load import load_pair, load_target
+    from dflash_iree.export.reference import SamplingConfig, generate_dflash, generate_plain
+
+    prompt = _encode_prompt(args.target, args.prompt, args.prompt_ids)
+    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)
+    if args.drafter and not args.no_draft:
+        target, drafter = load_pair(args.target, args.drafter, args.max_context, args.dtype, args.block_size)
+        gen = generate_dflash(target, drafter, prompt, args.max_new_tokens, sampling)
+    else:
+        target = load_target(args.target, args.max_context, args.dtype)
+        gen = generate_plain(target, prompt, args.max_new_tokens, sampling)
+    text = _decode(args.target, gen.tokens)
+    if args.json:
+        print(json.dumps({"tokens": gen.tokens, "text": text, "accepted": gen.accepted, "tau_mean": gen.tau_mean,
+                          "histogram": gen.histogram, "ttft_ms": gen.ttft_ms, "decode_s": gen.decode_s}))
+    else:
+        print(text if text is not None else " ".join(map(str, gen.tokens)))
+        if gen.accepted:
+            print(f"[tau mean {gen.tau_mean:.2f} over {len(gen.accepted)} rounds]", file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dflash-iree", description="AOT-compiled DFlash speculative decoding on IREE")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    e = sub.add_parser("eager", help="decode with the eager PyTorch reference (plain or DFlash)")
+    e.add_argument("--target", required=True, help="Qwen3 checkpoint folder")
+    e.add_argument("--drafter", help="DFlash drafter checkpoint folder (omit for plain decoding)")
+    e.add_argument("--prompt", help="prompt text (tokenized with the target's tokenizer.json)")
+    e.add_argument("--prompt-ids", help="prompt token ids, space or comma separated")
+    e.add_argument("--max-new-tokens", type=int, default=64)
+    e.add_argument("--max-context", type=int, default=4096)
+    e.add_argument("--dtype", choices=["bf16", "f16", "f32"], help="default: the config's torch_dtype")
+    e.add_argument("--block-size", type=int, help="default: the drafter's trained block_size")
+    e.add_argument("--temperature", type=float, default=0.0)
+    e.add_argument("--top-k", type=int, default=0)
+    e.add_argument("--top-p", type=float, default=1.0)
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--no-draft", action="store_true", help="plain decoding even with --drafter")
+    e.add_argument("--json", action="store_true", help="print tokens and stats as JSON")
+    e.set_defaults(func=cmd_eager)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `dflash-iree` console script; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except DFlashError as e:
+        print(f"dflash-iree: error: {e}", file=sys.stderr)
+        return 2

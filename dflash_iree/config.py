@@ -1,0 +1,263 @@
+"""Read and check the two `config.json` files: a Qwen3 target and a DFlash drafter.
+
+Torch-free, so that the compiler front end and the runtime share one reading of a checkpoint
+folder. Field names follow Hugging Face's Qwen3 config and the published DFlash format
+(z-lab/dflash `dflash/model.py`): `dflash_config.target_layer_ids`, `dflash_config.mask_token_id`,
+`block_size` at the top level or inside `dflash_config`, `num_target_layers`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .errors import DFlashError
+
+SUPPORTED_FAMILIES = ("qwen3",)
+DTYPES = {"bfloat16": "bf16", "float16": "f16", "float32": "f32", "bf16": "bf16", "f16": "f16", "f32": "f32"}
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """The Qwen3 decoder-layer fields shared by target and drafter."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    attention_bias: bool
+    vocab_size: int
+    dtype: str  # "bf16" | "f16" | "f32": the checkpoint's torch_dtype
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_key_value_heads * self.head_dim
+
+
+@dataclass(frozen=True)
+class TargetConfig(LayerShape):
+    """A Qwen3 dense target, read from its HF `config.json` (and `generation_config.json`)."""
+
+    tie_word_embeddings: bool = False
+    eos_token_ids: tuple[int, ...] = ()
+    max_position_embeddings: int = 40960
+    folder: str = ""
+    raw: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("raw")
+        return d
+
+
+@dataclass(frozen=True)
+class DrafterConfig(LayerShape):
+    """A DFlash drafter: a small Qwen3-layer stack fed by taps of the target's hidden states."""
+
+    block_size: int = 16
+    mask_token_id: int = 0
+    target_layer_ids: tuple[int, ...] = ()
+    num_target_layers: int | None = None
+    input_embedding_scale: float = 1.0
+    folder: str = ""
+    raw: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def num_taps(self) -> int:
+        return len(self.target_layer_ids)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("raw")
+        return d
+
+
+def _read_json(path: Path, what: str) -> dict:
+    if not path.is_file():
+        raise DFlashError(f"{what}: {path} does not exist; point to a Hugging Face checkpoint folder that has a config.json")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise DFlashError(f"{what}: {path} is not valid JSON ({e})") from None
+
+
+def config_hash(raw: dict) -> str:
+    """sha256 of a config dict in canonical JSON form (sorted keys): names a config in manifests."""
+    return hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()
+
+
+def _need(raw: dict, key: str, path: Path):
+    if key not in raw:
+        raise DFlashError(f"{path}: field '{key}' is missing")
+    return raw[key]
+
+
+def _rope_theta(raw: dict, path: Path) -> float:
+    # transformers >= 5 writes rope_parameters = {rope_type, rope_theta}; older files write rope_theta.
+    params = raw.get("rope_parameters") or {}
+    scaling = raw.get("rope_scaling") or {}
+    for where, rope in (("rope_parameters", params), ("rope_scaling", scaling)):
+        kind = rope.get("rope_type", rope.get("type", "default"))
+        if kind not in (None, "default"):
+            raise DFlashError(
+                f"{path}: {where}.rope_type '{kind}' is not implemented (only plain RoPE is); "
+                "use a checkpoint without RoPE scaling"
+            )
+    theta = params.get("rope_theta", raw.get("rope_theta"))
+    if theta is None:
+        raise DFlashError(f"{path}: neither 'rope_theta' nor 'rope_parameters.rope_theta' is set")
+    return float(theta)
+
+
+def _dtype(raw: dict, path: Path) -> str:
+    name = raw.get("torch_dtype", raw.get("dtype", "float32"))
+    if name not in DTYPES:
+        raise DFlashError(f"{path}: torch_dtype '{name}' is not supported; use bfloat16, float16 or float32")
+    return DTYPES[name]
+
+
+def _layer_shape(raw: dict, path: Path) -> dict:
+    family = raw.get("model_type")
+    if family not in SUPPORTED_FAMILIES:
+        raise DFlashError(
+            f"{path}: model_type '{family}' is not supported; supported families: {', '.join(SUPPORTED_FAMILIES)}"
+        )
+    layer_types = raw.get("layer_types") or []
+    if raw.get("use_sliding_window") or any(t != "full_attention" for t in layer_types):
+        raise DFlashError(f"{path}: sliding-window attention layers are not implemented; only full_attention is")
+    heads = int(_need(raw, "num_attention_heads", path))
+    hidden = int(_need(raw, "hidden_size", path))
+    return dict(
+        hidden_size=hidden,
+        intermediate_size=int(_need(raw, "intermediate_size", path)),
+        num_hidden_layers=int(_need(raw, "num_hidden_layers", path)),
+        num_attention_heads=heads,
+        num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
+        head_dim=int(raw.get("head_dim") or hidden // heads),
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        rope_theta=_rope_theta(raw, path),
+        attention_bias=bool(raw.get("attention_bias", False)),
+        vocab_size=int(_need(raw, "vocab_size", path)),
+        dtype=_dtype(raw, path),
+    )
+
+
+def _eos_ids(folder: Path, raw: dict) -> tuple[int, ...]:
+    gen = folder / "generation_config.json"
+    value = None
+    if gen.is_file():
+        value = _read_json(gen, "target generation config").get("eos_token_id")
+    if value is None:
+        value = raw.get("eos_token_id")
+    if value is None:
+        return ()
+    return tuple(int(v) for v in (value if isinstance(value, list) else [value]))
+
+
+def load_target_config(folder: str | Path) -> TargetConfig:
+    """Read a Qwen3 target's `config.json` (and `generation_config.json` for eos ids).
+
+    Raises:
+        DFlashError: the folder or config.json is missing, the family is not qwen3,
+            or a field is missing or unsupported (RoPE scaling, sliding windows, dtype).
+    """
+    folder = Path(folder)
+    path = folder / "config.json"
+    raw = _read_json(path, "target")
+    if "dflash_config" in raw or "DFlashDraftModel" in (raw.get("architectures") or []):
+        raise DFlashError(f"{path}: this is a DFlash drafter config; pass it as the drafter and a Qwen3 model as the target")
+    return TargetConfig(
+        **_layer_shape(raw, path),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        eos_token_ids=_eos_ids(folder, raw),
+        max_position_embeddings=int(raw.get("max_position_embeddings", 40960)),
+        folder=str(folder),
+        raw=raw,
+    )
+
+
+def build_target_layer_ids(num_target_layers: int, num_taps: int) -> list[int]:
+    """The published fallback for drafters whose config has no `target_layer_ids`.
+
+    One tap at L//2 when `num_taps` == 1; otherwise `num_taps` ids spread evenly (rounded) from 1 to
+    L-3 (z-lab/dflash `build_target_layer_ids`; [1, 9, 17, 25, 33] for L=36, n=5).
+    """
+    if num_taps == 1:
+        return [num_target_layers // 2]
+    start, end = 1, num_target_layers - 3
+    span = end - start
+    return [int(round(start + i * span / (num_taps - 1))) for i in range(num_taps)]
+
+
+def load_drafter_config(folder: str | Path, target: TargetConfig) -> DrafterConfig:
+    """Read a DFlash drafter's `config.json` and check that it fits `target`.
+
+    Raises:
+        DFlashError: the config is missing or unsupported (DFlash2 fields, sliding windows),
+            `mask_token_id` is absent, or the drafter does not fit the target (hidden size,
+            vocabulary, tap ids out of range, `num_target_layers`), naming both values.
+    """
+    folder = Path(folder)
+    path = folder / "config.json"
+    raw = _read_json(path, "drafter")
+    dcfg = raw.get("dflash_config") or {}
+    for key in ("conv_kernel_size", "selector_rank", "candidate_selector"):
+        if key in raw or key in dcfg:
+            raise DFlashError(f"{path}: '{key}' marks a DFlash2 drafter, which is not supported; use a DFlash (v1) drafter")
+    if dcfg.get("causal") or raw.get("is_causal"):
+        raise DFlashError(f"{path}: causal drafter attention is not implemented; DFlash drafters attend bidirectionally in the block")
+    shape = _layer_shape(raw, path)
+    if "mask_token_id" not in dcfg and "mask_token_id" not in raw:
+        raise DFlashError(f"{path}: dflash_config.mask_token_id is missing")
+    mask = int(dcfg.get("mask_token_id", raw.get("mask_token_id")))
+    block = int(dcfg.get("block_size", raw.get("block_size", 16)))
+    n_target = raw.get("num_target_layers", dcfg.get("num_target_layers"))
+    taps = dcfg.get("target_layer_ids", raw.get("target_layer_ids"))
+    if taps is None:
+        taps = build_target_layer_ids(target.num_hidden_layers, shape["num_hidden_layers"])
+        warnings.warn(
+            f"{path}: dflash_config.target_layer_ids is absent; using the fallback rule, taps {taps}. "
+            "Published drafters set it explicitly; the fallback may tap the wrong layers.",
+            stacklevel=2,
+        )
+    taps = tuple(int(t) for t in taps)
+
+    def refuse(what: str, drafter_value, target_value):
+        raise DFlashError(
+            f"drafter {path} does not fit target {target.folder}/config.json: "
+            f"{what} is {drafter_value} in the drafter but {target_value} in the target"
+        )
+
+    if shape["hidden_size"] != target.hidden_size:
+        refuse("hidden_size", shape["hidden_size"], target.hidden_size)
+    if shape["vocab_size"] != target.vocab_size:
+        refuse("vocab_size", shape["vocab_size"], target.vocab_size)
+    if n_target is not None and int(n_target) != target.num_hidden_layers:
+        refuse("num_target_layers", int(n_target), f"num_hidden_layers={target.num_hidden_layers}")
+    if not taps or any(not 0 <= t < target.num_hidden_layers for t in taps):
+        refuse("target_layer_ids", list(taps), f"layers 0..{target.num_hidden_layers - 1}")
+    if not 0 <= mask < target.vocab_size:
+        refuse("mask_token_id", mask, f"vocab_size={target.vocab_size}")
+    if block < 2:
+        raise DFlashError(f"{path}: block_size is {block}; a drafter block needs at least 2 tokens")
+    return DrafterConfig(
+        **shape,
+        block_size=block,
+        mask_token_id=mask,
+        target_layer_ids=taps,
+        num_target_layers=None if n_target is None else int(n_target),
+        input_embedding_scale=float(dcfg.get("input_embedding_scale", raw.get("input_embedding_scale", 1.0))),
+        folder=str(folder),
+        raw=raw,
+    )

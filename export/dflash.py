@@ -1,0 +1,128 @@
+"""The DFlash drafter: a block-diffusion draft model fed by the target's tapped hidden states.
+
+Parameter names follow the published DFlash checkpoints (`fc.weight`, `hidden_norm.weight`,
+`norm.weight`, `layers.N.*`); there is no embedding and no lm_head: the drafter uses the target's
+(z-lab/dflash `dflash/model.py`, `DFlashDraftModel`).
+
+Per round, for a block starting at absolute position `start`:
+- the context rows committed last round (the target's taps at positions [ctx_start, start)) are
+  fused, `hidden_norm(fc(taps))`, and projected with every layer's k_proj / v_proj, k_norm and
+  RoPE into the drafter's context cache (context K/V only: block K/V never stay in the cache);
+- the block [anchor, mask x (B - 1)] is embedded with the target's `embed_tokens`; in every layer
+  its queries attend, with no causal mask, to the cached context (positions < start) and to the
+  block's own K/V;
+- the last layer's output goes through the drafter's `norm` and the target's lm_head, and the
+  greedy draft is read at block positions 1..B-1.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from dflash_iree.config import DrafterConfig
+
+from .qwen3 import MLP, Attention, Qwen3, RMSNorm, attend, rope_tables, write_cache
+
+
+class DrafterLayer(nn.Module):
+    """A Qwen3 layer whose keys and values are [cached context K/V, the block's own K/V]."""
+
+    def __init__(self, cfg: DrafterConfig, dtype=None, device=None):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+        self.self_attn = Attention(cfg, dtype, device)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+        self.mlp = MLP(cfg, dtype, device)
+
+    def forward(self, x, cos, sin, ctx_k, ctx_v, ctx_visible) -> torch.Tensor:
+        S, B, _ = x.shape
+        h = self.input_layernorm(x)
+        q = self.self_attn.query(h, cos, sin)
+        k, v = self.self_attn.key_value(h, cos, sin)
+        keys = torch.cat([ctx_k, k], 1)
+        values = torch.cat([ctx_v, v], 1)
+        block_visible = torch.ones(S, B, B, dtype=torch.bool, device=x.device)
+        visible = torch.cat([ctx_visible.expand(S, B, -1), block_visible], -1)
+        x = x + self.self_attn.o_proj(attend(q, keys, values, visible))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DFlashDrafter(nn.Module):
+    """DFlash drafter with a context KV cache [S, L, 2, max_context, kv_dim].
+
+    Args:
+        cfg: the drafter config (checked against the target by `load_drafter_config`).
+        max_context: context cache length in tokens; must equal the target's.
+        block_size: B, the verify block (anchor + B - 1 drafts); 2..cfg.block_size.
+        streams: leading stream dimension S (1 for now).
+        dtype, device: as for `Qwen3`.
+    """
+
+    def __init__(self, cfg: DrafterConfig, max_context: int, block_size: int | None = None, streams: int = 1,
+                 dtype=torch.float32, device=None):
+        super().__init__()
+        self.cfg = cfg
+        self.max_context = max_context
+        self.block_size = block_size or cfg.block_size
+        self.fc = nn.Linear(cfg.num_taps * cfg.hidden_size, cfg.hidden_size, bias=False, dtype=dtype, device=device)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+        self.layers = nn.ModuleList(DrafterLayer(cfg, dtype, device) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+        shape = (streams, cfg.num_hidden_layers, 2, max_context, cfg.kv_dim)
+        self.register_buffer("ctx_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+
+    def absorb(self, taps: torch.Tensor, start: torch.Tensor) -> None:
+        """Project context rows into the context cache at positions [start, start + R).
+
+        Args:
+            taps: [S, R, num_taps * hidden_size], the target's taps for those positions.
+            start: int64 [S], position of taps[:, 0].
+        """
+        R = taps.shape[1]
+        positions = start[:, None] + torch.arange(R, dtype=torch.int64, device=taps.device)
+        ctx = self.hidden_norm(self.fc(taps.to(self.fc.weight.dtype)))
+        cos, sin = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta, ctx.dtype)
+        for i, layer in enumerate(self.layers):
+            k, v = layer.self_attn.key_value(ctx, cos, sin)
+            write_cache(self.ctx_cache, i, positions, k, v)
+
+    def forward(self, target: Qwen3, taps: torch.Tensor, ctx_start: torch.Tensor, n_valid: torch.Tensor,
+                anchor: torch.Tensor, read_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Absorb last round's context rows, then draft one block.
+
+        Args:
+            target: supplies embed_tokens and lm_head.
+            taps: [S, R, num_taps * hidden_size], the context rows committed last round; rows at
+                index >= n_valid are padding (they land at positions >= the block start, which the
+                block never reads and the next round overwrites).
+            ctx_start: int64 [S], position of taps[:, 0].
+            n_valid: int64 [S], how many of the R rows are real; the block starts at ctx_start + n_valid.
+            anchor: int64 [S], the last committed token (block position 0).
+            read_len: context cache rows to read (>= block start); default max_context.
+
+        Returns:
+            draft: int64 [S, B - 1], greedy draft for block positions 1..B-1.
+            logits: float32 [S, B - 1, vocab_size].
+        """
+        self.absorb(taps, ctx_start)
+        B = self.block_size
+        S = anchor.shape[0]
+        read_len = self.max_context if read_len is None else read_len
+        start = ctx_start + n_valid
+        masks = torch.full((S, B - 1), self.cfg.mask_token_id, dtype=torch.int64, device=anchor.device)
+        block = torch.cat([anchor[:, None], masks], 1)
+        x = target.model.embed_tokens(block) * self.cfg.input_embedding_scale
+        x = x.to(self.fc.weight.dtype)
+        positions = start[:, None] + torch.arange(B, dtype=torch.int64, device=anchor.device)
+        cos, sin = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
+        key_pos = torch.arange(read_len, dtype=torch.int64, device=anchor.device)
+        ctx_visible = (key_pos[None, :] < start[:, None])[:, None, :]  # S, 1, N
+        hd = self.cfg.head_dim
+        for i, layer in enumerate(self.layers):
+            ctx_k = self.ctx_cache[:, i, 0, :read_len].view(S, read_len, -1, hd)
+            ctx_v = self.ctx_cache[:, i, 1, :read_len].view(S, read_len, -1, hd)
+            x = layer(x, cos, sin, ctx_k, ctx_v, ctx_visible)
+        h = self.norm(x[:, 1:])
+        logits = target.lm_head(h.to(target.dtype)).float()
+        return logits.argmax(-1), logits

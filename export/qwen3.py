@@ -1,0 +1,222 @@
+"""The Qwen3 dense target: eager reference and `torch.export` source in one `nn.Module`.
+
+Parameter names equal the Hugging Face safetensors keys (`model.layers.0.self_attn.q_proj.weight`,
+`lm_head.weight`, ...), so a compiled artifact binds a checkpoint file as it is.
+
+One forward runs a block of T new tokens per stream at absolute positions [start, start + T):
+- the KV cache is a non-persistent buffer [S, L, 2, max_context, kv_dim] (S streams), written by
+  one `index_copy_` per layer on a flat view (per-slice writes do not compile in IREE, see
+  shared/probes/kv-cache-global) and rolled back by keeping the length on the host;
+- attention reads only the first `read_len` cache rows, masked to key position <= query position;
+- it returns the target's chosen token per row (argmax or keyed sample, export/sampling.py), the
+  logits, and the taps for the drafter: the output of decoder layer `lid` for each `lid` in
+  `tap_layer_ids`, which is HF's `hidden_states[lid + 1]`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dflash_iree.config import LayerShape, TargetConfig
+
+from .sampling import Sampling, choose_tokens
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm computed in float32 and cast back, as HF's Qwen3RMSNorm. x: [..., dim]."""
+
+    def __init__(self, dim: int, eps: float, dtype=None, device=None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim, dtype=dtype, device=device))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: LayerShape, dtype=None, device=None):
+        super().__init__()
+        kw = dict(bias=False, dtype=dtype, device=device)
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, **kw)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, **kw)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, **kw)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [S, T, head_dim] for int64 positions [S, T] (NEOX layout: both halves share a frequency)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim))
+    freqs = positions[..., None].to(torch.float32) * inv_freq
+    emb = torch.cat([freqs, freqs], -1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [S, T, H, hd] by cos, sin [S, T, hd]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
+    return x * cos[:, :, None] + rotated * sin[:, :, None]
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """Grouped-query attention with an explicit visibility mask.
+
+    Args:
+        q: [S, T, Hq, hd]; k, v: [S, N, Hkv, hd]; visible: bool [S, T, N].
+
+    Returns:
+        [S, T, Hq * hd] in q's dtype. Scores and softmax run in float32.
+    """
+    S, T, Hq, hd = q.shape
+    Hkv = k.shape[2]
+    qg = q.reshape(S, T, Hkv, Hq // Hkv, hd).permute(0, 2, 3, 1, 4)  # S, Hkv, g, T, hd
+    kt = k.permute(0, 2, 3, 1)[:, :, None]  # S, Hkv, 1, hd, N
+    scores = torch.matmul(qg, kt).float() * (hd**-0.5)
+    scores = scores.masked_fill(~visible[:, None, None], float("-inf"))
+    probs = torch.softmax(scores, -1).to(v.dtype)
+    out = torch.matmul(probs, v.permute(0, 2, 1, 3)[:, :, None])  # S, Hkv, g, T, hd
+    return out.permute(0, 3, 1, 2, 4).reshape(S, T, Hq * hd)
+
+
+class Attention(nn.Module):
+    """Qwen3 attention projections with per-head q_norm / k_norm (shared by target and drafter)."""
+
+    def __init__(self, cfg: LayerShape, dtype=None, device=None):
+        super().__init__()
+        kw = dict(bias=cfg.attention_bias, dtype=dtype, device=device)
+        self.cfg = cfg
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.q_dim, **kw)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.kv_dim, **kw)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.kv_dim, **kw)
+        self.o_proj = nn.Linear(cfg.q_dim, cfg.hidden_size, **kw)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, dtype, device)
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, dtype, device)
+
+    def query(self, x: torch.Tensor, cos, sin) -> torch.Tensor:
+        """x [S, T, hidden] -> rotated q [S, T, Hq, hd]."""
+        S, T, _ = x.shape
+        return apply_rope(self.q_norm(self.q_proj(x).view(S, T, self.cfg.num_attention_heads, self.cfg.head_dim)), cos, sin)
+
+    def key_value(self, x: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [S, T, hidden] -> rotated k and v, each [S, T, Hkv, hd]."""
+        S, T, _ = x.shape
+        shape = (S, T, self.cfg.num_key_value_heads, self.cfg.head_dim)
+        k = apply_rope(self.k_norm(self.k_proj(x).view(shape)), cos, sin)
+        return k, self.v_proj(x).view(shape)
+
+
+def write_cache(cache: torch.Tensor, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Write k, v [S, T, Hkv, hd] into cache [S, L, 2, C, kv_dim] at int64 positions [S, T], in place.
+
+    One `index_copy_` on a flat [S*L*2*C, kv_dim] view: the form IREE compiles into an in-place
+    update of a mutable global.
+    """
+    S, L, _, C, D = cache.shape
+    T = positions.shape[1]
+    base = (torch.arange(S, dtype=torch.int64, device=positions.device)[:, None] * L + layer) * 2 * C
+    rows = torch.cat([base + positions, base + C + positions], 1).reshape(-1)  # S*2T
+    values = torch.cat([k.reshape(S, T, D), v.reshape(S, T, D)], 1).reshape(S * 2 * T, D)
+    cache.view(S * L * 2 * C, D).index_copy_(0, rows, values.to(cache.dtype))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm Qwen3 decoder layer: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, cfg: LayerShape, dtype=None, device=None):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+        self.self_attn = Attention(cfg, dtype, device)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+        self.mlp = MLP(cfg, dtype, device)
+
+    def forward(self, x, cos, sin, positions, cache: torch.Tensor, layer: int, read_len: int) -> torch.Tensor:
+        h = self.input_layernorm(x)
+        q = self.self_attn.query(h, cos, sin)
+        k, v = self.self_attn.key_value(h, cos, sin)
+        write_cache(cache, layer, positions, k, v)
+        S, _, _, _, D = cache.shape
+        keys = cache[:, layer, 0, :read_len].view(S, read_len, -1, k.shape[-1])
+        values = cache[:, layer, 1, :read_len].view(S, read_len, -1, k.shape[-1])
+        key_pos = torch.arange(read_len, dtype=torch.int64, device=positions.device)
+        visible = key_pos[None, None, :] <= positions[:, :, None]
+        x = x + self.self_attn.o_proj(attend(q, keys, values, visible))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Qwen3Body(nn.Module):
+    """`model.*` of the HF checkpoint: embed_tokens, layers, norm."""
+
+    def __init__(self, cfg: TargetConfig, dtype=None, device=None):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, dtype, device) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
+
+
+class Qwen3(nn.Module):
+    """Qwen3 dense decoder with a static KV cache and drafter taps.
+
+    Args:
+        cfg: the target config.
+        max_context: KV cache length in tokens (C).
+        tap_layer_ids: decoder layers whose outputs feed the drafter, in the drafter's order.
+        streams: leading stream dimension S of the cache (1 for now).
+        dtype: parameter and cache dtype (torch.bfloat16, float16, float32).
+        device: "meta" builds the structure without memory (export of large shapes).
+    """
+
+    def __init__(self, cfg: TargetConfig, max_context: int, tap_layer_ids=(), streams: int = 1,
+                 dtype=torch.float32, device=None):
+        super().__init__()
+        self.cfg = cfg
+        self.max_context = max_context
+        self.tap_layer_ids = tuple(tap_layer_ids)
+        self.model = Qwen3Body(cfg, dtype, device)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, dtype=dtype, device=device)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        shape = (streams, cfg.num_hidden_layers, 2, max_context, cfg.kv_dim)
+        self.register_buffer("kv_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    def forward(self, tokens: torch.Tensor, start: torch.Tensor, sampling: Sampling | None = None,
+                read_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Run T new tokens per stream at positions [start, start + T), writing the KV cache.
+
+        Args:
+            tokens: int64 [S, T].
+            start: int64 [S], absolute position of tokens[:, 0] (= committed length).
+            sampling: None for greedy, else per-stream keyed sampling parameters.
+            read_len: cache rows attention reads (>= start + T); default max_context.
+
+        Returns:
+            chosen: int64 [S, T], the target's token after each row (for positions start+1 ..).
+            logits: float32 [S, T, vocab_size].
+            taps: [S, T, len(tap_layer_ids) * hidden_size] in the model dtype.
+        """
+        T = tokens.shape[1]
+        read_len = self.max_context if read_len is None else read_len
+        positions = start[:, None] + torch.arange(T, dtype=torch.int64, device=tokens.device)
+        x = self.model.embed_tokens(tokens)
+        cos, sin = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
+        taps = {}
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, positions, self.kv_cache, i, read_len)
+            if i in self.tap_layer_ids:
+                taps[i] = x
+        logits = self.lm_head(self.model.norm(x)).float()
+        chosen = choose_tokens(logits, positions + 1, sampling)
+        tapped = torch.cat([taps[i] for i in self.tap_layer_ids], -1) if taps else x[..., :0]
+        return chosen, logits, tapped

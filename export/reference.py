@@ -1,0 +1,241 @@
+"""Eager reference decoding: plain (one token per step) and DFlash (draft, verify, accept).
+
+This is what every compiled path is checked against, token for token. Both decoders take the
+target's token at each absolute position from `choose_tokens` (argmax, or a sample keyed by
+(seed, position)), so drafted output equals plain output by construction of the acceptance rule
+(dflash_iree/acceptance.py), for greedy and for seeded sampling alike. The draft stays greedy.
+
+The drafter is reached through a small proposer interface, so a scripted drafter (tests) can
+stand in for the DFlash module, and the acceptance rule is a parameter, so a deliberately broken
+rule (the planted control) runs through the same loop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from dflash_iree.acceptance import accept_length, commit_round, tau_histogram
+from dflash_iree.errors import DFlashError
+
+from .dflash import DFlashDrafter
+from .qwen3 import Qwen3
+from .sampling import Sampling
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """User sampling settings: temperature 0 is greedy; top_k 0 and top_p 1.0 disable the cuts."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise DFlashError(f"temperature {self.temperature} is negative; use 0 (greedy) or more")
+        if self.top_k < 0:
+            raise DFlashError(f"top_k {self.top_k} is negative; use 0 (off) or more")
+        if not 0.0 < self.top_p <= 1.0:
+            raise DFlashError(f"top_p {self.top_p} is out of range; use a value in (0, 1]")
+
+    def tensors(self) -> Sampling | None:
+        """Per-stream tensors for one stream, or None when greedy."""
+        if self.temperature == 0:
+            return None
+        return Sampling(
+            torch.tensor([self.temperature], dtype=torch.float32),
+            torch.tensor([self.top_k], dtype=torch.int64),
+            torch.tensor([self.top_p], dtype=torch.float32),
+            torch.tensor([self.seed], dtype=torch.int64),
+        )
+
+
+@dataclass
+class Generation:
+    """Result of one request.
+
+    tokens: the new token ids (stop token included when one ended generation).
+    accepted: per round, the draft tokens kept (0..block_size-1); empty for plain decoding.
+    block_size: verify block size used (1 for plain).
+    ttft_ms: prefill wall time in ms; decode_s: time after the first token in seconds.
+    """
+
+    tokens: list[int]
+    accepted: list[int] = field(default_factory=list)
+    block_size: int = 1
+    ttft_ms: float = 0.0
+    decode_s: float = 0.0
+
+    @property
+    def tau(self) -> list[int]:
+        """Acceptance length per round: accepted + 1 (the bonus token counted)."""
+        return [a + 1 for a in self.accepted]
+
+    @property
+    def tau_mean(self) -> float:
+        return sum(self.tau) / len(self.tau) if self.tau else 0.0
+
+    @property
+    def histogram(self) -> list[int]:
+        """Rounds per tau = 1..block_size."""
+        return tau_histogram(self.accepted, self.block_size)
+
+
+class Proposer(Protocol):
+    """Anything that drafts a block: the DFlash drafter, or a scripted one in tests."""
+
+    def begin(self, prompt_taps: torch.Tensor) -> None:
+        """Take the prompt's taps [1, P, n_taps * hidden] (rows at positions 0..P-1)."""
+
+    def propose(self, tokens: list[int], new_taps: torch.Tensor, ctx_start: int) -> list[int]:
+        """Draft block_size - 1 ids after the anchor tokens[-1].
+
+        tokens: every committed id (prompt and generated; the last is the anchor at position
+        len(tokens) - 1). new_taps: [1, R, n_taps * hidden], the rows committed last round at
+        positions [ctx_start, ctx_start + R), with ctx_start + R == len(tokens) - 1.
+        """
+
+
+class DrafterProposer:
+    """The DFlash module as a Proposer."""
+
+    def __init__(self, target: Qwen3, drafter: DFlashDrafter):
+        self.target, self.drafter = target, drafter
+
+    def begin(self, prompt_taps: torch.Tensor) -> None:
+        self.drafter.absorb(prompt_taps, torch.zeros(1, dtype=torch.int64))
+
+    def propose(self, tokens: list[int], new_taps: torch.Tensor, ctx_start: int) -> list[int]:
+        R = new_taps.shape[1]
+        start = ctx_start + R
+        draft, _ = self.drafter(
+            self.target, new_taps, torch.tensor([ctx_start]), torch.tensor([R]), torch.tensor([tokens[-1]]),
+            read_len=start + self.drafter.block_size,
+        )
+        return draft[0].tolist()
+
+
+def _check_fits(target: Qwen3, n_prompt: int, max_new_tokens: int, block: int) -> None:
+    need = n_prompt + max_new_tokens + block
+    if n_prompt < 1:
+        raise DFlashError("the prompt is empty; give at least one token")
+    if max_new_tokens < 1:
+        raise DFlashError(f"max_new_tokens is {max_new_tokens}; ask for at least 1")
+    if need > target.max_context:
+        raise DFlashError(
+            f"prompt ({n_prompt} tokens) + max_new_tokens ({max_new_tokens}) + block ({block}) = {need} "
+            f"exceeds max_context {target.max_context}; shorten the prompt, lower max_new_tokens, "
+            "or raise max_context"
+        )
+
+
+def _step(target: Qwen3, tokens: Sequence[int], start: int, sampling: Sampling | None):
+    t = torch.tensor([list(tokens)], dtype=torch.int64)
+    return target(t, torch.tensor([start]), sampling, read_len=start + len(tokens))
+
+
+def _stop_set(target: Qwen3, stop_ids: Sequence[int]) -> frozenset[int]:
+    return frozenset(target.cfg.eos_token_ids) | frozenset(int(s) for s in stop_ids)
+
+
+@torch.no_grad()
+def generate_plain(target: Qwen3, prompt: Sequence[int], max_new_tokens: int,
+                   sampling: SamplingConfig = SamplingConfig(), stop_ids: Sequence[int] = ()) -> Generation:
+    """Plain decoding: prefill, then one target step per token.
+
+    Stops after a token in eos_token_ids or stop_ids (kept), or after max_new_tokens.
+
+    Raises:
+        DFlashError: empty prompt, or prompt + max_new_tokens + 1 > max_context.
+    """
+    _check_fits(target, len(prompt), max_new_tokens, 1)
+    stops, s = _stop_set(target, stop_ids), sampling.tensors()
+    t0 = time.perf_counter()
+    chosen, _, _ = _step(target, prompt, 0, s)
+    out = [int(chosen[0, -1])]
+    t1 = time.perf_counter()
+    while len(out) < max_new_tokens and out[-1] not in stops:
+        chosen, _, _ = _step(target, [out[-1]], len(prompt) + len(out) - 1, s)
+        out.append(int(chosen[0, -1]))
+    return Generation(out, [], 1, (t1 - t0) * 1e3, time.perf_counter() - t1)
+
+
+@torch.no_grad()
+def generate_dflash(target: Qwen3, proposer: Proposer | DFlashDrafter, prompt: Sequence[int], max_new_tokens: int,
+                    sampling: SamplingConfig = SamplingConfig(), stop_ids: Sequence[int] = (),
+                    num_speculative_tokens: int | None = None,
+                    accept: Callable[[Sequence[int], Sequence[int]], int] = accept_length) -> Generation:
+    """DFlash decoding: prefill; then per round draft, verify the block as a chain, accept, roll back.
+
+    Args:
+        target: the target, built with the drafter's tap_layer_ids.
+        proposer: a DFlashDrafter (wrapped in DrafterProposer) or any Proposer.
+        prompt: prompt token ids.
+        max_new_tokens: budget of new tokens.
+        sampling: greedy or keyed sampling for the target; the draft is always greedy.
+        stop_ids: extra stop token ids (eos ids are always stops).
+        num_speculative_tokens: draft tokens verified per round, 1..block_size-1; default block_size-1.
+        accept: the acceptance rule; tests pass a deliberately broken one as a planted control.
+
+    Returns:
+        Generation with per-round accepted counts.
+
+    Raises:
+        DFlashError: num_speculative_tokens out of range, or the request does not fit max_context.
+
+    Algorithm: z-lab/dflash `dflash_generate` (chain verify, exact match against the target's own
+    choice, bonus token), with rollback by length instead of cache cropping.
+    """
+    if isinstance(proposer, DFlashDrafter):
+        block_size = proposer.block_size
+        proposer = DrafterProposer(target, proposer)
+    else:
+        block_size = getattr(proposer, "block_size")
+    n = block_size - 1 if num_speculative_tokens is None else num_speculative_tokens
+    if not 1 <= n <= block_size - 1:
+        raise DFlashError(f"num_speculative_tokens {n} is out of range: use 1..{block_size - 1} (block_size - 1)")
+    _check_fits(target, len(prompt), max_new_tokens, block_size)
+    stops, s = _stop_set(target, stop_ids), sampling.tensors()
+
+    t0 = time.perf_counter()
+    chosen, _, taps = _step(target, prompt, 0, s)
+    tokens = list(prompt) + [int(chosen[0, -1])]
+    proposer.begin(taps)
+    t1 = time.perf_counter()
+    new_taps, ctx_start = taps[:, :0], len(prompt)
+    accepted_per_round = []
+    done = tokens[-1] in stops or max_new_tokens == 1
+    while not done:
+        start = len(tokens) - 1  # the anchor's position
+        draft = [int(d) for d in proposer.propose(tokens, new_taps, ctx_start)][:n]
+        chosen, _, taps = _step(target, [tokens[-1]] + draft, start, s)
+        a = accept(draft, chosen[0].tolist())
+        budget = max_new_tokens - (len(tokens) - len(prompt))
+        r = commit_round(draft, chosen[0].tolist(), a, stops, budget)
+        tokens += r.tokens
+        accepted_per_round.append(r.accepted)
+        new_taps, ctx_start = taps[:, : len(r.tokens)], start
+        done = r.done
+    return Generation(tokens[len(prompt):], accepted_per_round, n + 1, (t1 - t0) * 1e3, time.perf_counter() - t1)
+
+
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """Index of the first differing token of two generations, or None when they are equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+@torch.no_grad()
+def top2_margin(target: Qwen3, prefix: Sequence[int]) -> float:
+    """The target's top-2 logit margin for the token after `prefix` (a near-tie when small)."""
+    _, logits, _ = _step(target, prefix, 0, None)
+    top = logits[0, -1].topk(2).values
+    return float(top[0] - top[1])

@@ -1,0 +1,107 @@
+"""The target's token choice inside the graph: argmax, or a sample keyed by (seed, position).
+
+Lossless speculative decoding needs the target to draw the same token at the same absolute
+position whether it is decoding one token or verifying a block. So the randomness is not a
+stateful generator: each (seed, position, token id) is hashed to a uniform number, turned into a
+Gumbel variate, and the sample is argmax(logits / T + gumbel) over the tokens that survive top-k
+and top-p (Gumbel-max trick). Only int64 multiply, xor, shift, and, and float ops are used, with
+no sort or topk, so the same function exports through IREE and no vocab-sized tensor leaves the
+graph.
+
+The top-k and top-p cut-offs are found by bisection on a logit threshold (`_BISECT_STEPS` steps,
+float32): the kept set is every token whose logit is at or above the threshold, so ties at the
+cut-off are kept, as in Hugging Face's `TopKLogitsWarper`. Tokens whose logits differ by less than
+the final bisection width (about range / 2**32) are not separated.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+_M32 = 0xFFFFFFFF
+_BISECT_STEPS = 32
+
+
+class Sampling(NamedTuple):
+    """Per-stream sampling parameters, as runtime tensors (S = number of streams).
+
+    temperature: float32 [S]; 0 means greedy (argmax).
+    top_k: int64 [S]; 0 means no top-k cut.
+    top_p: float32 [S]; 1.0 means no nucleus cut.
+    seed: int64 [S]; only the low 32 bits are used.
+    """
+
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    seed: torch.Tensor
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    # A 32-bit integer finalizer (xorshift-multiply, constants below 2**31 so no int64 overflow).
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _M32
+    x = x ^ (x >> 15)
+    x = (x * 0x1B873593) & _M32
+    return x ^ (x >> 16)
+
+
+def keyed_uniform(seed: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Uniform (0, 1) float32 [S, T, V], a pure function of (seed, position, token id).
+
+    Args:
+        seed: int64 [S].
+        positions: int64 [S, T], absolute positions of the tokens being chosen.
+        vocab_size: V.
+    """
+    key = _mix32((_mix32(seed & _M32)[:, None] ^ (positions & _M32)) & _M32)
+    ids = torch.arange(vocab_size, dtype=torch.int64, device=positions.device)
+    h = _mix32((key[..., None] + ids * 0x61C88647) & _M32)
+    return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+
+
+def _threshold(scores: torch.Tensor, enough) -> torch.Tensor:
+    """Largest threshold t (to bisection width) with enough(scores >= t) true, per row: [..., 1]."""
+    lo = scores.amin(-1, keepdim=True)  # enough() holds here: every token kept
+    hi = scores.amax(-1, keepdim=True)
+    for _ in range(_BISECT_STEPS):
+        mid = lo + (hi - lo) * 0.5
+        ok = enough(scores >= mid)
+        lo = torch.where(ok, mid, lo)
+        hi = torch.where(ok, hi, mid)
+    return lo
+
+
+def choose_tokens(logits: torch.Tensor, positions: torch.Tensor, sampling: Sampling | None) -> torch.Tensor:
+    """The target's token for each row: argmax, or a keyed Gumbel-max sample.
+
+    Args:
+        logits: float32 [S, T, V].
+        positions: int64 [S, T], absolute position of the token each row chooses (row position + 1).
+        sampling: None for greedy in every stream; otherwise per-stream parameters, where a
+            stream with temperature 0 is still greedy.
+
+    Returns:
+        int64 [S, T] token ids.
+    """
+    greedy = logits.argmax(-1)
+    if sampling is None:
+        return greedy
+    temperature, top_k, top_p, seed = sampling
+    S, T, V = logits.shape
+    t = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
+    scores = logits / t[:, None, None]
+    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, V))[:, None, None]
+    t_k = _threshold(scores, lambda keep: keep.sum(-1, keepdim=True) >= k)
+    probs = torch.softmax(scores, -1)
+    p = top_p[:, None, None]
+    t_p = _threshold(scores, lambda keep: (probs * keep).sum(-1, keepdim=True) >= p)
+    # top_p = 1 keeps everything, whatever float rounding does to the mass of the tail
+    t_p = torch.where(p >= 1.0, scores.amin(-1, keepdim=True), t_p)
+    keep = (scores >= torch.maximum(t_k, t_p)) | (scores >= scores.amax(-1, keepdim=True))
+    u = keyed_uniform(seed, positions, V)
+    gumbel = -torch.log(-torch.log(u))
+    sampled = torch.where(keep, scores + gumbel, torch.full_like(scores, float("-inf"))).argmax(-1)
+    return torch.where((temperature > 0)[:, None], sampled, greedy)
