@@ -138,16 +138,19 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
         self.mlp = MLP(cfg, dtype, device)
 
-    def forward(self, x, cos, sin, positions, cache: torch.Tensor, layer: int, read_len: int) -> torch.Tensor:
+    def forward(self, x, cos, sin, positions, cache: torch.Tensor | None, layer: int, read_len: int) -> torch.Tensor:
         h = self.input_layernorm(x)
         q = self.self_attn.query(h, cos, sin)
         k, v = self.self_attn.key_value(h, cos, sin)
-        write_cache(cache, layer, positions, k, v)
-        S, _, _, _, D = cache.shape
-        keys = cache[:, layer, 0, :read_len].view(S, read_len, -1, k.shape[-1])
-        values = cache[:, layer, 1, :read_len].view(S, read_len, -1, k.shape[-1])
-        key_pos = torch.arange(read_len, dtype=torch.int64, device=positions.device)
-        visible = key_pos[None, None, :] <= positions[:, :, None]
+        if cache is None:  # training: attend within the block only
+            keys, values, key_pos = k, v, positions[:, None, :]
+        else:
+            write_cache(cache, layer, positions, k, v)
+            S, hkv, hd = cache.shape[0], k.shape[2], k.shape[3]
+            keys = cache[:, layer, 0, :read_len].view(S, read_len, hkv, hd)
+            values = cache[:, layer, 1, :read_len].view(S, read_len, hkv, hd)
+            key_pos = torch.arange(read_len, dtype=torch.int64, device=positions.device)[None, None, :]
+        visible = key_pos <= positions[:, :, None]
         x = x + self.self_attn.o_proj(attend(q, keys, values, visible))
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -192,7 +195,7 @@ class Qwen3(nn.Module):
         return self.lm_head.weight.dtype
 
     def forward(self, tokens: torch.Tensor, start: torch.Tensor, sampling: Sampling | None = None,
-                read_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                read_len: int | None = None, use_cache: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Run T new tokens per stream at positions [start, start + T), writing the KV cache.
 
         Args:
@@ -200,6 +203,7 @@ class Qwen3(nn.Module):
             start: int64 [S], absolute position of tokens[:, 0] (= committed length).
             sampling: None for greedy, else per-stream keyed sampling parameters.
             read_len: cache rows attention reads (>= start + T); default max_context.
+            use_cache: False for training: no cache read or write, causal attention within the block.
 
         Returns:
             chosen: int64 [S, T], the target's token after each row (for positions start+1 ..).
@@ -213,7 +217,7 @@ class Qwen3(nn.Module):
         cos, sin = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
         taps = {}
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, positions, self.kv_cache, i, read_len)
+            x = layer(x, cos, sin, positions, self.kv_cache if use_cache else None, i, read_len)
             if i in self.tap_layer_ids:
                 taps[i] = x
         logits = self.lm_head(self.model.norm(x)).float()
