@@ -9,8 +9,9 @@ One forward runs a block of T new tokens per stream at absolute positions [start
   shared/probes/kv-cache-global) and rolled back by keeping the length on the host;
 - attention reads only the first `read_len` cache rows, masked to key position <= query position;
 - it returns the target's chosen token per row (argmax or keyed sample, export/sampling.py), the
-  logits, and the taps for the drafter: the output of decoder layer `lid` for each `lid` in
-  `tap_layer_ids`, which is HF's `hidden_states[lid + 1]`.
+  logits, and the taps for the drafter: HF's `hidden_states[lid + 1]` for each `lid` in
+  `tap_layer_ids`, that is the output of decoder layer `lid` (for the last layer HF applies the
+  final norm first, and so do we).
 """
 
 from __future__ import annotations
@@ -220,7 +221,11 @@ class Qwen3(nn.Module):
             x = layer(x, cos, sin, positions, self.kv_cache if use_cache else None, i, read_len)
             if i in self.tap_layer_ids:
                 taps[i] = x
-        logits = self.lm_head(self.model.norm(x)).float()
+        h = self.model.norm(x)
+        if self.cfg.num_hidden_layers - 1 in taps:
+            # HF's hidden_states[L] is taken after the final norm; drafters are trained on it
+            taps[self.cfg.num_hidden_layers - 1] = h
+        logits = self.lm_head(h).float()
         chosen = choose_tokens(logits, positions + 1, sampling)
         tapped = torch.cat([taps[i] for i in self.tap_layer_ids], -1) if taps else x[..., :0]
         return chosen, logits, tapped

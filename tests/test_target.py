@@ -1,0 +1,88 @@
+"""The Qwen3 target against transformers' Qwen3ForCausalLM: logits, argmax, taps, cache use."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import Qwen3ForCausalLM
+
+from dflash_iree.export.load import load_target
+
+TAPS = (0, 2, 3)
+
+
+def _hf(folder):
+    return Qwen3ForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+def _assert_close(ours: torch.Tensor, ref: torch.Tensor):
+    # float32 rounding: different summation order, scaled by the logits' size
+    assert (ours - ref).abs().max().item() <= 1e-4 * max(1.0, ref.abs().max().item())
+    assert torch.equal(ours.argmax(-1), ref.argmax(-1))
+
+
+@pytest.fixture(params=["untied", "tied"])
+def folder(request, target_dir, tied_target_dir):
+    return target_dir if request.param == "untied" else tied_target_dir
+
+
+@torch.no_grad()
+def test_logits_and_taps_match_transformers(folder):
+    hf, ours = _hf(folder), load_target(folder, 128, tap_layer_ids=TAPS)
+    tokens = torch.randint(0, 512, (1, 37), generator=torch.Generator().manual_seed(0))
+    ref = hf(tokens, output_hidden_states=True)
+    chosen, logits, taps = ours(tokens, torch.tensor([0]))
+    _assert_close(logits, ref.logits)
+    assert torch.equal(chosen, ref.logits.argmax(-1))
+    # the output of decoder layer lid is HF's hidden_states[lid + 1]
+    want = torch.cat([ref.hidden_states[lid + 1] for lid in TAPS], -1)
+    assert taps.shape == (1, 37, 3 * 64)
+    assert (taps - want).abs().max().item() < 1e-4
+
+
+@torch.no_grad()
+def test_prompt_split_over_calls_matches(folder):
+    """Prefill in chunks, then single-token steps, against one full HF forward."""
+    hf, ours = _hf(folder), load_target(folder, 128)
+    tokens = torch.randint(0, 512, (1, 40), generator=torch.Generator().manual_seed(1))
+    ref = hf(tokens).logits
+    pieces, start = [], 0
+    for size in (13, 7, 1, 16, 1, 1, 1):
+        _, logits, _ = ours(tokens[:, start:start + size], torch.tensor([start]))
+        pieces.append(logits)
+        start += size
+    _assert_close(torch.cat(pieces, 1), ref)
+
+
+@torch.no_grad()
+def test_rollback_by_length(target_dir):
+    """Rows written past the committed length are invisible and get overwritten."""
+    ours = load_target(target_dir, 64)
+    tokens = torch.randint(0, 512, (1, 20), generator=torch.Generator().manual_seed(2))
+    _, clean, _ = ours(tokens, torch.tensor([0]))
+    ours(tokens[:, :10], torch.tensor([0]))
+    ours(torch.randint(0, 512, (1, 8)), torch.tensor([10]))  # a rejected block at 10..17
+    _, logits, _ = ours(tokens[:, 10:], torch.tensor([10]))
+    assert (logits - clean[:, 10:]).abs().max().item() < 1e-4
+
+
+@torch.no_grad()
+def test_read_len_bounds_attention(target_dir):
+    """Reading only the first start + T cache rows gives the same logits as reading all of them."""
+    ours = load_target(target_dir, 256)
+    tokens = torch.randint(0, 512, (1, 24), generator=torch.Generator().manual_seed(3))
+    _, full, _ = ours(tokens, torch.tensor([0]))
+    _, short, _ = ours(tokens, torch.tensor([0]), read_len=32)
+    assert (full - short).abs().max().item() < 1e-5
+
+
+@torch.no_grad()
+def test_bf16_close_to_transformers(target_dir):
+    hf = Qwen3ForCausalLM.from_pretrained(target_dir, dtype=torch.bfloat16).eval()
+    ours = load_target(target_dir, 64, dtype="bf16")
+    tokens = torch.randint(0, 512, (1, 16), generator=torch.Generator().manual_seed(4))
+    ref = hf(tokens).logits.float()
+    _, logits, _ = ours(tokens, torch.tensor([0]))
+    assert ours.lm_head.weight.dtype == torch.bfloat16
+    # bf16 has 8 bits of mantissa: compare against the logits' scale, not float32 rounding
+    assert (logits - ref).abs().max().item() < 0.1 * ref.abs().max().item()
