@@ -1,0 +1,105 @@
+"""Text in and out: the target's tokenizer, its chat template, stop strings, streaming detokenization.
+
+Uses `tokenizers` for `tokenizer.json` and `jinja2` for the `chat_template` of
+`tokenizer_config.json`, rendered the way Hugging Face renders it (a sandboxed environment with
+`trim_blocks` / `lstrip_blocks`, `raise_exception`, and `add_generation_prompt`). Thinking is off by
+default (`enable_thinking=False`): published DFlash drafters are trained without it, and their
+acceptance collapses on thinking-mode text (z-lab/dflash#133).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from dflash_iree.errors import DFlashError
+
+
+class TextCodec:
+    """Tokenizer + chat template of a target checkpoint folder.
+
+    Args:
+        folder: the target's folder with `tokenizer.json` (and optionally `tokenizer_config.json`).
+
+    Raises:
+        DFlashError: tokenizer.json is missing or unreadable.
+    """
+
+    def __init__(self, folder: str | Path):
+        from tokenizers import Tokenizer
+
+        folder = Path(folder)
+        path = folder / "tokenizer.json"
+        if not path.is_file():
+            raise DFlashError(f"{path} does not exist; text prompts need the target's tokenizer.json (or pass token ids)")
+        try:
+            self.tokenizer = Tokenizer.from_file(str(path))
+        except Exception as e:  # tokenizers raises a bare Exception on bad files
+            raise DFlashError(f"{path}: not a readable tokenizer ({e})") from None
+        cfg_path = folder / "tokenizer_config.json"
+        self.config = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+        self.folder = folder
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text`, without special tokens added."""
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of `ids`, special tokens skipped."""
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def token_id(self, text: str) -> int | None:
+        """The id of a single (special) token, or None."""
+        return self.tokenizer.token_to_id(text)
+
+    def render_chat(self, messages: list[dict], enable_thinking: bool = False, add_generation_prompt: bool = True) -> str:
+        """Render chat messages with the checkpoint's `chat_template` (jinja2).
+
+        Raises:
+            DFlashError: the checkpoint has no chat template, or the template raised an error.
+        """
+        template = self.config.get("chat_template")
+        if not template:
+            raise DFlashError(f"{self.folder}/tokenizer_config.json has no chat_template; pass text or token ids instead of messages")
+        import jinja2
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message):
+            raise jinja2.exceptions.TemplateError(message)
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+        env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False: json.dumps(x, indent=indent, ensure_ascii=ensure_ascii)
+        env.globals["raise_exception"] = raise_exception
+        special = {k: v for k, v in self.config.items() if k.endswith("_token") and isinstance(v, str)}
+        try:
+            return env.from_string(template).render(
+                messages=messages, add_generation_prompt=add_generation_prompt, enable_thinking=enable_thinking, **special
+            )
+        except jinja2.exceptions.TemplateError as e:
+            raise DFlashError(f"{self.folder}/tokenizer_config.json: the chat template failed: {e}") from None
+
+
+def find_stop(text: str, stops: Sequence[str]) -> int | None:
+    """Index where the earliest stop string starts in `text`, or None."""
+    hits = [i for i in (text.find(s) for s in stops if s) if i >= 0]
+    return min(hits) if hits else None
+
+
+class StreamDecoder:
+    """Incremental detokenization: feed committed ids, get the new text piece.
+
+    Holds back text that ends in an incomplete UTF-8 sequence (decoded as U+FFFD) until the
+    next token completes it.
+    """
+
+    def __init__(self, codec: TextCodec):
+        self.codec, self.ids, self.emitted = codec, [], ""
+
+    def push(self, ids: Sequence[int]) -> str:
+        self.ids.extend(ids)
+        text = self.codec.decode(self.ids)
+        if text.endswith("\ufffd"):
+            return ""
+        piece, self.emitted = text[len(self.emitted):], text
+        return piece
