@@ -196,7 +196,8 @@ class Qwen3(nn.Module):
         return self.lm_head.weight.dtype
 
     def forward(self, tokens: torch.Tensor, start: torch.Tensor, sampling: Sampling | None = None,
-                read_len: int | None = None, use_cache: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                read_len: int | None = None, use_cache: bool = True,
+                last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Run T new tokens per stream at positions [start, start + T), writing the KV cache.
 
         Args:
@@ -205,6 +206,8 @@ class Qwen3(nn.Module):
             sampling: None for greedy, else per-stream keyed sampling parameters.
             read_len: cache rows attention reads (>= start + T); default max_context.
             use_cache: False for training: no cache read or write, causal attention within the block.
+            last_only: choose a token for the last row only (prefill): lm_head and the token choice
+                skip the other rows, and chosen / logits have T = 1.
 
         Returns:
             chosen: int64 [S, T], the target's token after each row (for positions start+1 ..).
@@ -225,7 +228,9 @@ class Qwen3(nn.Module):
         if self.cfg.num_hidden_layers - 1 in taps:
             # HF's hidden_states[L] is taken after the final norm; drafters are trained on it
             taps[self.cfg.num_hidden_layers - 1] = h
+        tapped = torch.cat([taps[i] for i in self.tap_layer_ids], -1) if taps else x[..., :0]
+        if last_only:
+            h, positions = h[:, -1:], positions[:, -1:]
         logits = self.lm_head(h).float()
         chosen = choose_tokens(logits, positions + 1, sampling)
-        tapped = torch.cat([taps[i] for i in self.tap_layer_ids], -1) if taps else x[..., :0]
         return chosen, logits, tapped
