@@ -19,3 +19,8 @@ test: setup
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# Rebuild the committed top-K kernel objects (kernels/objects/) with the pinned clang-19.
+.PHONY: kernels
+kernels: setup
+	$(PY) -m dflash_iree.kernels.build

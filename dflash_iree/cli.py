@@ -66,6 +66,13 @@ def cmd_eager(args) -> int:
     return 0
 
 
+def cmd_topk_check(args) -> int:
+    """Parity of the draft top-K custom dispatch on a device against a float64 reference (kernels/check.py)."""
+    from dflash_iree.kernels.check import run
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dflash-iree", description="AOT-compiled DFlash speculative decoding on IREE")
     sub = p.add_subparsers(dest="command", required=True)
@@ -86,6 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--no-draft", action="store_true", help="plain decoding even with --drafter")
     e.add_argument("--json", action="store_true", help="print tokens and stats as JSON")
     e.set_defaults(func=cmd_eager)
+
+    from dflash_iree.kernels.check import add_arguments as topk_check_arguments
+
+    t = sub.add_parser("topk-check", help="build, run and score the draft top-K dispatch's parity cases")
+    topk_check_arguments(t)
+    t.set_defaults(func=cmd_topk_check)
     return p
 
 

@@ -1,0 +1,120 @@
+"""`make kernels`: rebuild the committed top-K objects with the pinned clang, inspect them, write the manifest.
+
+    python -m dflash_iree.kernels.build            # rebuild kernels/objects/ and its manifest.json
+    python -m dflash_iree.kernels.build --check    # rebuild into a temporary folder, compare bytes
+
+One compiler builds every object, so one version pins them all: clang-19 (Debian 19.1.7) with
+lld-19, both from `apt-get install clang-19 lld-19`. Outputs are byte-for-byte reproducible with
+that version (no paths or dates inside), which is what --check relies on.
+
+- sm_80/86/89: PTX through clang's CUDA mode without CUDA headers or libdevice. The PTX ISA
+  version is set explicitly (7.8, loaded by every CUDA 12 driver; sm_89 needs at least 7.8);
+  --cuda-path points nowhere so that an installed newer CUDA cannot raise it.
+- gfx1030/1100/1151/1201: HIP code objects (AMDGPU ELF, wave32) without HIP headers or device libs.
+- host: freestanding ELF objects for IREE's embedded-ELF loader, x86-64-v3 (AVX2, FMA) and armv8-a.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from .isa import inspect_object
+
+HERE = Path(__file__).resolve().parent
+OBJECTS = HERE / "objects"
+CLANG, LLD = "clang-19", "ld.lld-19"
+PINNED = "19.1.7"
+PTX_ISA = "7.8"
+SOURCES = ("topk_body.h", "topk_gpu.cu", "topk_cpu.c")
+
+# Embedded-ELF objects: no libc or builtins to call, no stack protector (no TLS), and the fast-math
+# subset that lets clang vectorize the exp sum (reassociation), without assuming finite values
+# (padding is -inf).
+_CPU_FLAGS = ["-std=c17", "-O3", "-ffreestanding", "-fno-builtin", "-fno-stack-protector", "-fvisibility=hidden",
+              "-fno-plt", "-fno-exceptions", "-ffunction-sections", "-fdata-sections", "-fno-math-errno",
+              "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros", "-ffp-contract=fast"]
+
+
+def targets() -> dict[str, tuple[str, list[str]]]:
+    """Object file name -> (arch, clang arguments after the compiler name; paths relative to kernels/)."""
+    out = {}
+    for arch in ("sm_80", "sm_86", "sm_89"):
+        out[f"topk_{arch}.ptx"] = (arch, ["-x", "cuda", "--cuda-device-only", "-nocudainc", "-nocudalib",
+                                          "--cuda-path=/nonexistent", f"--cuda-gpu-arch={arch}", "-Xclang",
+                                          "-target-feature", "-Xclang", "+ptx" + PTX_ISA.replace(".", ""), "-O3",
+                                          "-S", "topk_gpu.cu"])
+    for arch in ("gfx1030", "gfx1100", "gfx1151", "gfx1201"):
+        out[f"topk_{arch}.co"] = (arch, ["-x", "hip", f"--offload-arch={arch}", "--offload-device-only",
+                                         "--no-gpu-bundle-output", "-fuse-cuid=none", "-nogpulib", "-nogpuinc", "-O3",
+                                         f"--ld-path={shutil.which(LLD) or LLD}", "topk_gpu.cu"])
+    out["topk_x86_64.o"] = ("host", ["--target=x86_64-unknown-unknown-eabi-elf", "-march=x86-64-v3", *_CPU_FLAGS,
+                                     "-c", "topk_cpu.c"])
+    out["topk_arm_64.o"] = ("host-arm_64", ["--target=aarch64-none-elf", "-march=armv8-a", *_CPU_FLAGS,
+                                            "-c", "topk_cpu.c"])
+    return out
+
+
+def clang_version() -> str | None:
+    """First line of `clang-19 --version`, or None when clang-19 or lld-19 is not installed."""
+    if not shutil.which(CLANG) or not shutil.which(LLD):
+        return None
+    return subprocess.run([CLANG, "--version"], capture_output=True, text=True, check=True).stdout.splitlines()[0]
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def build(outdir: Path) -> dict:
+    """Builds every object into OUTDIR, inspects each; returns the manifest. Raises RuntimeError."""
+    version = clang_version()
+    if version is None:
+        raise RuntimeError(f"{CLANG} and {LLD} are needed: apt-get install clang-19 lld-19")
+    outdir.mkdir(parents=True, exist_ok=True)
+    objects = {}
+    for name, (arch, args) in targets().items():
+        out = outdir / name
+        subprocess.run([CLANG, *args, "-o", str(out)], cwd=HERE, check=True)
+        problems = inspect_object(out, arch.replace("host-arm_64", "host"))
+        if problems:
+            raise RuntimeError(f"{name}: " + "; ".join(problems))
+        shown = [a if not a.startswith("--ld-path=") else f"--ld-path={LLD}" for a in args]
+        objects[name] = {"arch": arch, "sha256": sha256(out), "bytes": out.stat().st_size,
+                         "command": " ".join([CLANG, *shown, "-o", name])}
+    return {"compiler": version, "pinned": f"{CLANG} {PINNED}", "ptx_isa": PTX_ISA,
+            "sources": {s: sha256(HERE / s) for s in SOURCES}, "objects": objects}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--check", action="store_true", help="rebuild into a temporary folder and compare with objects/")
+    args = p.parse_args(argv)
+    version = clang_version()
+    if version is not None and PINNED not in version:
+        print(f"warning: objects are pinned to {CLANG} {PINNED}, this is '{version}'", file=sys.stderr)
+    if not args.check:
+        manifest = build(OBJECTS)
+        (OBJECTS / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+        print(f"built {len(manifest['objects'])} objects in {OBJECTS} with {manifest['compiler']}")
+        return 0
+    committed = json.loads((OBJECTS / "manifest.json").read_text())
+    with tempfile.TemporaryDirectory() as tmp:
+        fresh = build(Path(tmp))
+    bad = [n for n, o in fresh["objects"].items() if committed["objects"].get(n, {}).get("sha256") != o["sha256"]
+           or sha256(OBJECTS / n) != o["sha256"]]
+    if bad:
+        print(f"rebuilt objects differ from the committed ones: {', '.join(bad)} (run `make kernels`)")
+        return 1
+    print(f"{len(fresh['objects'])} objects rebuilt identically with {fresh['compiler']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
