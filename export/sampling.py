@@ -41,11 +41,12 @@ class Sampling(NamedTuple):
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
     # A 32-bit integer finalizer (xorshift-multiply, constants below 2**31 so no int64 overflow).
-    x = x ^ (x >> 16)
+    # torch.bitwise_xor, not `^`: IREE's torch lowering has no aten.__xor__.Tensor.
+    x = torch.bitwise_xor(x, x >> 16)
     x = (x * 0x7FEB352D) & _M32
-    x = x ^ (x >> 15)
+    x = torch.bitwise_xor(x, x >> 15)
     x = (x * 0x1B873593) & _M32
-    return x ^ (x >> 16)
+    return torch.bitwise_xor(x, x >> 16)
 
 
 def keyed_uniform(seed: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -56,7 +57,7 @@ def keyed_uniform(seed: torch.Tensor, positions: torch.Tensor, vocab_size: int) 
         positions: int64 [S, T], absolute positions of the tokens being chosen.
         vocab_size: V.
     """
-    key = _mix32((_mix32(seed & _M32)[:, None] ^ (positions & _M32)) & _M32)
+    key = _mix32(torch.bitwise_xor(_mix32(seed & _M32)[:, None], positions & _M32) & _M32)
     ids = torch.arange(vocab_size, dtype=torch.int64, device=positions.device)
     h = _mix32((key[..., None] + ids * 0x61C88647) & _M32)
     return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
