@@ -30,7 +30,8 @@ ARCHS = ("host",) + CUDA_ARCHS + HIP_ARCHS
 # [15, 151936] block spreads over every multiprocessor, more on CPUs where a workgroup is a call.
 _GPU_ROUND, _GPU_ROUNDS_PER_CHUNK, _GPU_WORKGROUP = 256 * 8, 2, 256
 _CPU_ROUND, _CPU_ROUNDS_PER_CHUNK = 64 * 16, 16
-# The merge ranks C*K candidates per row, quadratic in that number: bound it.
+# The merge gathers the C*K candidates of a row into the shared candidate buffer (DK_T*DK_U: 1024 on
+# CPUs, 2048 on GPUs) and ranks them, quadratic in their number: bound it.
 _MAX_MERGE = 1024
 
 

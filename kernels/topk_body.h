@@ -287,30 +287,33 @@ DK_FN void dk_merge_workgroup(const int* partial, int* ids, float* logprobs, int
                               int row) {
   DK_SHARED DkShared sh;
   const int* rec = partial + (long)row * C * (2 * K + 2);
-  const int R = 2 * K + 2, total = C * K;
-  /* Union entry j is slot j % K of record j / K. Padding keys are all equal, so ties in the
-   * rank go by union position to keep ranks unique. */
+  const int R = 2 * K + 2, total = C * K; /* total <= DK_CAND: topk.py bounds C */
+  /* Gather the union (slot j % K of record j / K) into shared memory, and fold the logsumexps. */
   DK_THREADS(tid) {
     for (int j = tid; j < total; j += DK_T) {
-      const float v = dk_from_bits(rec[(j / K) * R + j % K]);
-      const int id = rec[(j / K) * R + K + j % K];
+      sh.cv[j] = dk_from_bits(rec[(j / K) * R + j % K]);
+      sh.ci[j] = rec[(j / K) * R + K + j % K];
+    }
+    float m = DK_NEG_INF, s = 0.0f;
+    for (int c = tid; c < C; c += DK_T) dk_lse_merge(&m, &s, dk_from_bits(rec[c * R + 2 * K]), dk_from_bits(rec[c * R + 2 * K + 1]));
+    sh.rm[tid] = m;
+    sh.rs[tid] = s;
+  }
+  DK_BARRIER();
+  /* Rank the union. Padding keys are all equal, so ties go by union position to keep ranks unique. */
+  DK_THREADS(tid) {
+    for (int j = tid; j < total; j += DK_T) {
+      const float v = sh.cv[j];
+      const int id = sh.ci[j];
       int rank = 0;
-      for (int c = 0, q = 0; c < C; ++c) {
-        for (int k = 0; k < K; ++k, ++q) {
-          const float vq = dk_from_bits(rec[c * R + k]);
-          const int iq = rec[c * R + K + k];
-          rank += dk_better(vq, iq, v, id) || (vq == v && iq == id && q < j);
-        }
+      for (int q = 0; q < total; ++q) {
+        rank += dk_better(sh.cv[q], sh.ci[q], v, id) || (sh.cv[q] == v && sh.ci[q] == id && q < j);
       }
       if (rank < K) {
         sh.nv[rank] = v;
         sh.ni[rank] = id;
       }
     }
-    float m = DK_NEG_INF, s = 0.0f;
-    for (int c = tid; c < C; c += DK_T) dk_lse_merge(&m, &s, dk_from_bits(rec[c * R + 2 * K]), dk_from_bits(rec[c * R + 2 * K + 1]));
-    sh.rm[tid] = m;
-    sh.rs[tid] = s;
   }
   DK_BARRIER();
   DK_LSE_TREE(sh)
