@@ -169,34 +169,52 @@ def _bandwidth(device: str) -> dict:
             "gpu": torch.cuda.get_device_name()}
 
 
-def run(device: str, modules: Path, repetitions: int = 5) -> dict:
-    """Times every arm in MODULES on DEVICE; returns the results record."""
+def _time_arm(cmd: list[str]) -> float | str:
+    """Median real time in ms of one iree-benchmark-module run, or its error text."""
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        return (r.stderr or r.stdout)[-400:]
+    rows = json.loads(r.stdout[r.stdout.index("{"):])["benchmarks"]
+    med = next(b for b in rows if b.get("aggregate_name") == "median" and "real_time" in b["name"])
+    return med["real_time"] * {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}[med["time_unit"]]
+
+
+def run(device: str, modules: Path, repetitions: int = 5, rounds: int = 1) -> dict:
+    """Times every arm in MODULES on DEVICE; returns the results record.
+
+    With rounds > 1 the arms take turns, and each keeps its lowest median: on a shared host this
+    keeps another process's burst from landing on one arm only.
+    """
     meta = json.loads((modules / "arms.json").read_text())
     load_before = os.getloadavg()
     rng = np.random.default_rng(0)
     x = (rng.standard_normal((N, V)) * 4).astype(np.float32)
     xs = (rng.standard_normal((B, N, V)) * 4).astype(np.float32)
-    results = {}
+    best: dict[str, float | str] = {}
     with tempfile.TemporaryDirectory() as tmp:
         np.save(Path(tmp) / "x.npy", x)
         np.save(Path(tmp) / "xs.npy", xs)
-        for arm, info in meta["arms"].items():
-            inputs = [f"--input=@{tmp}/{'xs' if arm.endswith('_b16') else 'x'}.npy"]
-            if info["temperature"]:
-                inputs.append("--input=1.0")
-            cmd = [str(_benchmark_binary()), f"--module={modules / info['module']}", f"--device={device}",
-                   f"--function={info['function']}", *inputs, f"--benchmark_repetitions={repetitions}",
-                   "--benchmark_min_time=0.2s", "--benchmark_format=json", "--device_allocator=caching"]
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-            if r.returncode != 0:
-                results[arm] = {"error": (r.stderr or r.stdout)[-400:]}
-                continue
-            rows = json.loads(r.stdout[r.stdout.index("{"):])["benchmarks"]
-            med = next(b for b in rows if b.get("aggregate_name") == "median" and "real_time" in b["name"])
-            ms = med["real_time"] * {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}[med["time_unit"]]
-            results[arm] = {"ms_per_call": ms, **({"ms_per_topk": ms / B} if arm.endswith("_b16") else {})}
-            print(f"{arm:12s} {ms:10.4f} ms/call" + (f"   {ms / B:.4f} ms each of {B}" if arm.endswith("_b16") else ""),
-                  flush=True)
+        for _ in range(rounds):
+            for arm, info in meta["arms"].items():
+                inputs = [f"--input=@{tmp}/{'xs' if arm.endswith('_b16') else 'x'}.npy"]
+                if info["temperature"]:
+                    inputs.append("--input=1.0")
+                cmd = [str(_benchmark_binary()), f"--module={modules / info['module']}", f"--device={device}",
+                       f"--function={info['function']}", *inputs, f"--benchmark_repetitions={repetitions}",
+                       "--benchmark_min_time=0.2s", "--benchmark_format=json", "--device_allocator=caching"]
+                ms = _time_arm(cmd)
+                if isinstance(ms, float) and (not isinstance(best.get(arm), float) or ms < best[arm]):
+                    best[arm] = ms
+                elif arm not in best:
+                    best[arm] = ms
+    results = {}
+    for arm, ms in best.items():
+        if not isinstance(ms, float):
+            results[arm] = {"error": ms}
+            continue
+        results[arm] = {"ms_per_call": ms, **({"ms_per_topk": ms / B} if arm.endswith("_b16") else {})}
+        print(f"{arm:12s} {ms:10.4f} ms/call" + (f"   {ms / B:.4f} ms each of {B}" if arm.endswith("_b16") else ""),
+              flush=True)
     bw = _bandwidth(device)
     floor_ms = N * V * 4 / (bw["GBps"] * 1e9) * 1e3
     ok = [a for a in results if a.startswith("topk_s") and "ms_per_call" in results[a]]
@@ -210,7 +228,8 @@ def run(device: str, modules: Path, repetitions: int = 5) -> dict:
             "host": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
             "loadavg_1m_before_after": [load_before[0], os.getloadavg()[0]], "bandwidth": bw, "floor_ms": floor_ms,
             "best_topk_split": best, "arms": results, "summary": summary,
-            "timing": f"iree-benchmark-module median of {repetitions} repetitions, --device_allocator=caching"}
+            "timing": f"iree-benchmark-module median of {repetitions} repetitions, --device_allocator=caching"
+                      + (f", lowest of {rounds} rounds taken in turn" if rounds > 1 else "")}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -220,13 +239,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="local-task")
     p.add_argument("--modules", "--out", type=Path, dest="modules")
     p.add_argument("--json", type=Path)
+    p.add_argument("--rounds", type=int, default=1, help="timing rounds, arms in turn; each arm keeps its lowest")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         modules = args.modules or Path(tmp)
         if args.step in ("build", "all"):
             build(args.arch, modules)
         if args.step in ("run", "all"):
-            rec = run(args.device, modules)
+            rec = run(args.device, modules, rounds=args.rounds)
             print(json.dumps(rec["summary"]), f"floor {rec['floor_ms']:.4f} ms", f"best split {rec['best_topk_split']}")
             if args.json:
                 args.json.parent.mkdir(parents=True, exist_ok=True)
