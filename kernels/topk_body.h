@@ -11,15 +11,20 @@
  *   dk_merge_workgroup    grid (n): merges the C partial records of a row into its top-K and
  *                         logsumexp, and writes ids int32[n, K] and log-probs f32[n, K].
  *
- * Top-K within a chunk (a threshold filter, after the "select by threshold, then merge the few
- * candidates" idea of GPU top-K selection): the chunk is processed in rounds of DK_T*DK_U
- * elements. In the first round each thread's maximum is a seed, and the K-th largest seed bounds
- * the chunk's K-th largest value from below (the K best seeds are K distinct elements), so only
- * elements at or above it are candidates. In later rounds an element is a candidate only if it
- * beats the current K-th best. Candidates go to a shared buffer and are merged with the list by
- * rank: an element's new position is the number of union elements better than it. On random-order
- * logits only about K*ln(V/K) elements per row are ever candidates; adversarial orders (ascending
- * logits) stay correct and get slower.
+ * Sources: the online logsumexp is the online normalizer of Milakov & Gimelshein, "Online
+ * normalizer calculation for softmax" (2018). The first-round threshold is the delegate idea of
+ * Gaihre et al., "Dr. Top-k: Delegate-Centric Top-k on GPUs" (SC 2021): the maxima of K disjoint
+ * sub-ranges are K distinct elements, so the K-th largest of them bounds the K-th largest element
+ * from below.
+ *
+ * Top-K within a chunk: the chunk is processed in rounds of DK_T*DK_U elements. In the first round
+ * each thread's maximum is a delegate, and only elements at or above the K-th largest delegate are
+ * candidates. In later rounds an element is a candidate only if it beats the current K-th best.
+ * Candidates go to a shared buffer and are merged with the list by rank: an element's new position
+ * is the number of union elements better than it (keys (value, id) are unique, so ranks are). On
+ * random-order logits only about K*ln(V/K) elements per row are ever candidates; adversarial orders
+ * (ascending logits) stay correct and get slower. Stage 2 ranks the C*K partial candidates the same
+ * way and merges the C logsumexps.
  *
  * Backends differ only in how a "workgroup" runs; each defines, before including this file:
  *   DK_FN              qualifiers of a helper function (device function, or static inline)
@@ -48,9 +53,9 @@ typedef struct DkShared {
   int li[DK_MAX_K];   /* ... and ids */
   float nv[DK_MAX_K]; /* merge output, copied to the list after a barrier */
   int ni[DK_MAX_K];
-  float cv[DK_CAND]; /* candidates of the current round */
+  float cv[DK_CAND]; /* candidates of the current round; in stage 2, the union of the records */
   int ci[DK_CAND];
-  float seed[DK_T]; /* first round: each thread's maximum */
+  float seed[DK_T]; /* first round: each thread's maximum (the delegates) */
   float rm[DK_T];   /* logsumexp partials for the tree reduction */
   float rs[DK_T];
   float thr0; /* first-round threshold (a value), -inf afterwards */
