@@ -4,7 +4,7 @@ Building needs the IREE compiler (the `compile` extra); running needs only the r
 so a machine without the compiler runs modules built elsewhere:
 
     python -m dflash_iree.kernels.check --arch sm_80 --build-only --modules DIR   # here
-    python -m kernels.check --device cuda --modules DIR --json out.json            # there
+    python -m kernels.check --device cuda --no-build --modules DIR --json out.json # there (PYTHONPATH=repo)
 
 gfx targets cannot be run here: `--arch gfxNNNN --build-only` compiles every case's module and
 inspects the code object (ISA present, no scratch, no spills).
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -129,9 +130,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    import tempfile
-
+    """Runs topk-check for parsed ARGS (see add_arguments); prints the table; 0 if every row passes, else 1."""
     arch = args.arch or DEFAULT_ARCH.get(args.device.split("://")[0])
+    if args.no_build and not args.modules:
+        print("topk-check: --no-build runs the modules in --modules DIR; give DIR", file=sys.stderr)
+        return 2
     rows = [contract_row()]
     with tempfile.TemporaryDirectory() as tmp:
         modules = args.modules or Path(tmp)
