@@ -50,7 +50,12 @@ def build_modules(arch: str, outdir: Path) -> list[Path]:
         if problems:
             raise RuntimeError(f"{d.objects[0].name}: " + "; ".join(problems))
         path = outdir / module_name(n, V, K)
-        ic.compile_str(standalone_module(d), output_file=str(path), extra_args=device_flags(arch) + d.flags)
+        try:
+            ic.compile_str(standalone_module(d), output_file=str(path), extra_args=device_flags(arch) + d.flags)
+        except ic.CompilerToolError as e:
+            errors = [ln for ln in str(e).splitlines() if "error:" in ln]
+            raise DFlashError(f"iree-compile failed for {arch} ({d.objects[0].name} itself passed inspection): "
+                              + (errors[0].split("error:", 1)[1].strip() if errors else "see iree-compile output")) from None
         out.append(path)
     return out
 
