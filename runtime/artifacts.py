@@ -1,0 +1,178 @@
+"""Compiled artifacts on disk: read the manifest, check them, open a device, bind the weights.
+
+Checks made before any work, each with an error that names the file or field and the fix:
+- the manifest and every file it lists exist, with the recorded sha256;
+- the device's driver can run the manifest's arch (an sm_89 module on `hip` is refused by name);
+- every parameter key the module needs is in the checkpoint with the recorded shape and dtype,
+  all problems listed at once, with the `--dtype` to compile with when only the dtype differs.
+
+Weights are bound straight from the HF safetensors files: one `iree.runtime.ParameterIndex` per
+checkpoint (scopes `target` and `drafter`), memory-mapped, never copied through Python objects.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from dflash_iree.checkpoint import index_checkpoint
+from dflash_iree.errors import DFlashError
+
+FORMAT_VERSION = 1
+NUMPY_DTYPES = {"f32": "float32", "f16": "float16", "i64": "int64", "i32": "int32", "i8": "int8"}
+
+
+def arch_driver(arch: str) -> str:
+    """The IREE driver an arch runs on: local-task (host CPU), cuda (sm_*), hip (gfx*)."""
+    if arch == "host" or arch.startswith("cpu"):
+        return "local-task"
+    if arch.startswith("sm_"):
+        return "cuda"
+    if arch.startswith("gfx"):
+        return "hip"
+    raise DFlashError(f"unknown arch '{arch}' in the manifest; recompile with dflash-iree compile")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@dataclass
+class Artifacts:
+    """A compiled artifact folder: `manifest.json` plus the module it lists."""
+
+    folder: Path
+    manifest: dict
+
+    @classmethod
+    def load(cls, folder: str | Path) -> "Artifacts":
+        """Read and check `folder/manifest.json` and the files it lists.
+
+        Raises:
+            DFlashError: a missing folder or manifest, another format version, a missing file or a
+                sha256 mismatch.
+        """
+        folder = Path(folder)
+        path = folder / "manifest.json"
+        if not path.is_file():
+            raise DFlashError(f"{path} does not exist; build the artifacts first: dflash-iree compile --arch ARCH "
+                              f"--target DIR --drafter DIR --out {folder}")
+        manifest = json.loads(path.read_text())
+        if manifest.get("format_version") != FORMAT_VERSION:
+            raise DFlashError(f"{path}: format_version {manifest.get('format_version')} is not {FORMAT_VERSION}; "
+                              "recompile with this version of dflash-iree")
+        for name, digest in manifest["files"].items():
+            f = folder / name
+            if not f.is_file():
+                raise DFlashError(f"{f} is missing (listed in {path}); recompile the artifacts")
+            if _sha256(f) != digest:
+                raise DFlashError(f"{f}: sha256 differs from {path}; the file was changed or half written, recompile")
+        return cls(folder, manifest)
+
+    @property
+    def arch(self) -> str:
+        return self.manifest["arch"]
+
+    @property
+    def block_size(self) -> int:
+        return int(self.manifest["block_size"])
+
+    @property
+    def max_context(self) -> int:
+        return int(self.manifest["max_context"])
+
+    @property
+    def target_folder(self) -> str:
+        return self.manifest["target"]["folder"]
+
+    @property
+    def drafter_folder(self) -> str:
+        return self.manifest["drafter"]["folder"]
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        return list(self.manifest["target"]["config"].get("eos_token_ids", []))
+
+    @property
+    def vmfb(self) -> Path:
+        return self.folder / self.manifest["module"]
+
+    def check_checkpoint(self, scope: str, folder: str | Path) -> list[str]:
+        """Problems between the module's `scope` parameters and the checkpoint at `folder` (empty: fits)."""
+        index = index_checkpoint(folder)
+        problems, only_dtype = [], True
+        for key, want in self.manifest["parameters"][scope].items():
+            info = index.get(key)
+            if info is None:
+                problems.append(f"  {scope} {key}: missing (expected {want['dtype']} {want['shape']})")
+                only_dtype = False
+            elif list(info.shape) != list(want["shape"]):
+                problems.append(f"  {scope} {key}: expected shape {want['shape']}, found {list(info.shape)} in {info.file.name}")
+                only_dtype = False
+            elif info.dtype != want["dtype"]:
+                problems.append(f"  {scope} {key}: expected dtype {want['dtype']}, found {info.dtype} in {info.file.name}")
+        if problems and only_dtype:
+            found = {i.dtype for i in index.values()}
+            problems.append(f"  the checkpoint holds {'/'.join(sorted(found))}: recompile with --dtype {sorted(found)[0]}")
+        return problems
+
+    def bind(self, device, target: str | None = None, drafter: str | None = None):
+        """Load the module on `device` with both checkpoints bound; returns a CompiledPair.
+
+        Raises:
+            DFlashError: listing every missing or mismatched parameter of both checkpoints.
+        """
+        import iree.runtime as rt
+        import ml_dtypes  # numpy has no bfloat16; ml_dtypes comes with iree-base-runtime
+        import numpy as np
+
+        from .module import CompiledPair
+
+        target, drafter = target or self.target_folder, drafter or self.drafter_folder
+        problems = self.check_checkpoint("target", target) + self.check_checkpoint("drafter", drafter)
+        if problems:
+            raise DFlashError(f"the checkpoints do not fit {self.folder}/manifest.json:\n" + "\n".join(problems))
+        instance = rt.VmInstance()
+        providers = []
+        for scope, folder in (("target", target), ("drafter", drafter)):
+            index = rt.ParameterIndex()
+            for path in sorted({i.file for i in index_checkpoint(folder).values()}):
+                index.load(str(path))  # memory-mapped
+            providers.append(index.create_provider(scope=scope))
+        vm_module = rt.VmModule.mmap(instance, str(self.vmfb))
+        context = rt.VmContext(instance, modules=[rt.create_hal_module(instance, device),
+                                                  rt.create_io_parameters_module(instance, *providers), vm_module])
+        functions = {e["name"]: rt.FunctionInvoker(context, device, vm_module.lookup_function(e["name"]))
+                     for e in self.manifest["entry_points"]}
+        shapes = self.manifest["shapes"]
+        dtype = ml_dtypes.bfloat16 if self.manifest["dtype"] == "bf16" else NUMPY_DTYPES[self.manifest["dtype"]]
+        pair = CompiledPair(device, functions, self.block_size, shapes["kv_page"], shapes["tap_width"], np.dtype(dtype))
+        pair._keep = (instance, context, vm_module)  # the functions need these alive
+        return pair
+
+
+def open_device(arts: Artifacts, name: str | None = None):
+    """The IREE device for `arts`: `name` ("cuda", "cuda://1", "hip", "local-task") or the arch's default.
+
+    Raises:
+        DFlashError: the device's driver cannot run the arch, or the device cannot be opened.
+    """
+    import iree.runtime as rt
+
+    want = arch_driver(arts.arch)
+    name = name or want
+    driver = name.split("://")[0]
+    cpu = {"local-task", "local-sync"}
+    if not (driver == want or (driver in cpu and want in cpu)):
+        raise DFlashError(f"{arts.folder} was compiled for {arts.arch}, which runs on the '{want}' driver, not on "
+                          f"'{name}'; use --device {want} or compile for this device's arch")
+    try:
+        return rt.get_device(name)
+    except Exception as e:  # the bindings raise ValueError / RuntimeError with driver messages
+        raise DFlashError(f"cannot open IREE device '{name}': {e}") from None

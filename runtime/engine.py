@@ -1,0 +1,264 @@
+"""The Engine: compiled target and drafter on an IREE device, plain and DFlash decoding.
+
+What crosses between host and device, per request:
+- in: the prompt ids once; per call a few int64 scalars per stream (start, counts, the anchor),
+  the block's token ids, and an int8 `pages` vector whose length (not contents) bounds how many
+  KV cache rows attention reads;
+- out: per round the draft ids [B - 1] and the target's chosen tokens [B] (int64, a few hundred
+  bytes); with `draft_top_k`, also [B - 1, K] ids and log-probs.
+Logits and hidden states never leave the device: the taps that verify produces are passed back
+to the next `draft` call as device arrays.
+
+Each round runs draft -> verify -> accept -> roll back by length. Acceptance is the pure host
+function of dflash_iree/acceptance.py, the same one the eager reference uses, so a scripted
+drafter and the planted control run through this compiled path too. The KV caches live inside
+the compiled module; rollback is the host's committed length, and a new request simply starts
+writing at position 0 again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dflash_iree.acceptance import accept_length, commit_round, tau_histogram
+from dflash_iree.errors import DFlashError
+
+from .artifacts import Artifacts, open_device
+from .text import StreamDecoder, TextCodec, find_stop
+
+
+@dataclass
+class GenerationResult:
+    """What `Engine.generate` returns.
+
+    tokens: new token ids (a stop token that ended generation is included).
+    text: their text, cut before a stop string when one ended generation (None without a tokenizer).
+    accepted: per round, draft tokens kept (0..block_size-1); empty for plain decoding.
+    block_size: verify block size of the request (num_speculative_tokens + 1; 1 for plain).
+    ttft_ms: time to first token in ms (prefill and its token to the host).
+    decode_s: seconds from the first token to the last.
+    draft_topk: with draft_top_k > 0, per round (ids int32 [B-1, K], log-probs float32 [B-1, K]).
+    """
+
+    tokens: list[int]
+    text: str | None
+    accepted: list[int] = field(default_factory=list)
+    block_size: int = 1
+    ttft_ms: float = 0.0
+    decode_s: float = 0.0
+    draft_topk: list = field(default_factory=list)
+
+    @property
+    def tau(self) -> list[int]:
+        """Acceptance length per round: accepted + 1, the bonus token counted."""
+        return [a + 1 for a in self.accepted]
+
+    @property
+    def tau_mean(self) -> float:
+        return sum(self.tau) / len(self.tau) if self.tau else 0.0
+
+    @property
+    def histogram(self) -> list[int]:
+        """Rounds per tau = 1..block_size."""
+        return tau_histogram(self.accepted, self.block_size) if self.accepted else []
+
+    @property
+    def decode_tok_s(self) -> float:
+        """Tokens per second after the first token."""
+        return (len(self.tokens) - 1) / self.decode_s if self.decode_s > 0 and len(self.tokens) > 1 else 0.0
+
+    def stats(self) -> dict:
+        return {"accepted": self.accepted, "tau": self.tau, "tau_mean": self.tau_mean, "histogram": self.histogram,
+                "block_size": self.block_size, "ttft_ms": self.ttft_ms, "decode_tok_s": self.decode_tok_s,
+                "new_tokens": len(self.tokens)}
+
+
+class Engine:
+    """A loaded artifact folder with its checkpoints bound, ready to generate.
+
+    Use `Engine.load(...)`; then `generate(...)` or `stream(...)` as often as you like: every
+    request starts from position 0, so results do not depend on earlier requests.
+    """
+
+    def __init__(self, artifacts: Artifacts, module, codec: TextCodec | None):
+        self.artifacts, self.module, self.codec = artifacts, module, codec
+        self.block_size = artifacts.block_size
+        self.max_context = artifacts.max_context
+        self.eos_ids = frozenset(artifacts.eos_token_ids)
+        self._zero_taps = None
+
+    @classmethod
+    def load(cls, artifacts: str = "compiled/host", target: str | None = None, drafter: str | None = None,
+             device: str | None = None) -> "Engine":
+        """Load compiled artifacts and bind checkpoint weights from safetensors (memory-mapped).
+
+        Args:
+            artifacts: a folder written by `dflash-iree compile` (manifest.json + .vmfb).
+            target, drafter: checkpoint folders; default the ones recorded in the manifest.
+            device: an IREE device name ("local-task", "cuda", "cuda://1", "hip"); default the
+                arch's own ("local-task" for host, "cuda" for sm_*, "hip" for gfx*).
+
+        Raises:
+            DFlashError: a missing or corrupt artifact, a device that cannot run the arch, or a
+                checkpoint whose keys, shapes or dtypes differ from what the module needs.
+        """
+        arts = Artifacts.load(artifacts)
+        dev = open_device(arts, device)
+        module = arts.bind(dev, target, drafter)
+        folder = target or arts.target_folder
+        try:
+            codec = TextCodec(folder)
+        except DFlashError:
+            codec = None  # token-id prompts still work
+        return cls(arts, module, codec)
+
+    # -- prompts and stop conditions -------------------------------------------------------
+
+    def encode_prompt(self, prompt, enable_thinking: bool = False) -> list[int]:
+        """Token ids of a prompt given as text, as token ids, or as chat messages [{role, content}].
+
+        Raises:
+            DFlashError: text or messages without a tokenizer, or an empty prompt.
+        """
+        if isinstance(prompt, str) or (prompt and isinstance(prompt[0], dict)):
+            if self.codec is None:
+                raise DFlashError(f"{self.artifacts.target_folder} has no tokenizer.json; pass token ids instead of text")
+            if isinstance(prompt, str):
+                return self.codec.encode(prompt)
+            return self.codec.encode(self.codec.render_chat(list(prompt), enable_thinking=enable_thinking))
+        ids = [int(t) for t in prompt]
+        if not ids:
+            raise DFlashError("the prompt is empty; give at least one token")
+        return ids
+
+    def _check_fits(self, n_prompt: int, max_new_tokens: int, block: int) -> None:
+        need = n_prompt + max_new_tokens + block
+        if max_new_tokens < 1:
+            raise DFlashError(f"max_new_tokens is {max_new_tokens}; ask for at least 1")
+        if need > self.max_context:
+            raise DFlashError(
+                f"prompt ({n_prompt} tokens) + max_new_tokens ({max_new_tokens}) + block ({block}) = {need} exceeds "
+                f"the artifact's max_context {self.max_context}; shorten the request or compile with a larger --max-context"
+            )
+
+    def _split_stops(self, stop) -> tuple[frozenset[int], list[str]]:
+        items = [stop] if isinstance(stop, (str, int)) else list(stop or [])
+        strings = [s for s in items if isinstance(s, str)]
+        if strings and self.codec is None:
+            raise DFlashError("stop strings need the target's tokenizer.json; pass stop token ids instead")
+        return self.eos_ids | {int(s) for s in items if not isinstance(s, str)}, strings
+
+    # -- decoding ---------------------------------------------------------------------------
+
+    def generate(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
+                 top_p: float = 1.0, seed: int = 0, speculative: bool = True, num_speculative_tokens: int | None = None,
+                 stop=None, draft_top_k: int = 0, exact: bool = False, enable_thinking: bool = False,
+                 accept: Callable[[Sequence[int], Sequence[int]], int] = accept_length, proposer=None) -> GenerationResult:
+        """Generate a completion, plain or with DFlash drafting; both give the same tokens.
+
+        Args:
+            prompt: text, token ids, or chat messages (rendered with the chat template).
+            max_new_tokens: budget of new tokens.
+            temperature, top_k, top_p, seed: 0 temperature is greedy; otherwise a sample keyed by
+                (seed, position), identical in plain and drafted decoding.
+            speculative: False for plain decoding.
+            num_speculative_tokens: draft tokens verified per round, 1..block_size-1 (default all).
+            stop: stop strings and/or token ids (eos ids always stop).
+            draft_top_k: > 0 also returns the drafter's top-K ids and log-probs per round.
+            exact: plain decoding through the verify graph, so that drafted == plain holds bit for
+                bit even in bf16 on a GPU.
+            enable_thinking: passed to the chat template (off: drafters are trained without it).
+            accept: the acceptance rule (tests pass a broken one as a planted control).
+            proposer: a stand-in drafter with the eager reference's Proposer interface
+                (`begin(taps)`, `propose(tokens, new_taps, ctx_start) -> ids`; taps come as None),
+                for the scripted-drafter tests.
+
+        Raises:
+            DFlashError: bad sampling values, num_speculative_tokens or draft_top_k out of range,
+                or a request that does not fit max_context.
+        """
+        pieces = list(self._run(prompt, max_new_tokens, temperature, top_k, top_p, seed, speculative,
+                                num_speculative_tokens, stop, draft_top_k, exact, enable_thinking, accept, proposer,
+                                stream=False))
+        return pieces[-1]
+
+    def stream(self, prompt, **kwargs) -> Iterator[str]:
+        """Yield text pieces as tokens are committed (same arguments as `generate`)."""
+        for piece in self._run(prompt, stream=True, **{**_GEN_DEFAULTS, **kwargs}):
+            if isinstance(piece, str):
+                yield piece
+
+    def _run(self, prompt, max_new_tokens=128, temperature=0.0, top_k=0, top_p=1.0, seed=0, speculative=True,
+             num_speculative_tokens=None, stop=None, draft_top_k=0, exact=False, enable_thinking=False,
+             accept=accept_length, proposer=None, stream=False):
+        if temperature < 0 or top_k < 0 or not 0 < top_p <= 1:
+            raise DFlashError(f"sampling out of range: temperature {temperature} (>= 0), top_k {top_k} (>= 0), top_p {top_p} (in (0, 1])")
+        if draft_top_k:
+            raise DFlashError("draft_top_k needs the top-K dispatch, which these artifacts do not have yet")
+        ids = self.encode_prompt(prompt, enable_thinking)
+        B = self.block_size
+        n = B - 1 if num_speculative_tokens is None else int(num_speculative_tokens)
+        if speculative and not 1 <= n <= B - 1:
+            raise DFlashError(f"num_speculative_tokens {n} is out of range: use 1..{B - 1} (block_size - 1 of these artifacts)")
+        self._check_fits(len(ids), max_new_tokens, B)
+        stop_ids, stop_strings = self._split_stops(stop)
+        m = self.module
+        m.set_sampling(temperature, top_k, top_p, seed)
+        streamer = StreamDecoder(self.codec) if stream and self.codec else None
+
+        t0 = time.perf_counter()
+        first, prompt_taps = m.prefill(ids)
+        out, accepted = [first], []
+        t1 = time.perf_counter()
+        done = first in stop_ids or max_new_tokens == 1
+        if speculative:
+            m.absorb(prompt_taps)
+            if proposer is not None:
+                proposer.begin(None)
+            taps, ctx_start, n_valid = None, len(ids), 0
+        while not done:
+            start = len(ids) + len(out) - 1  # the anchor's position
+            if not speculative:
+                token = m.step_exact(out[-1], start) if exact else m.decode(out[-1], start)
+                out.append(token)
+                done = token in stop_ids or len(out) >= max_new_tokens
+            else:
+                if proposer is not None:
+                    draft = [int(d) for d in proposer.propose(list(ids) + out, None, ctx_start)][:n]
+                else:
+                    draft = m.draft(taps, ctx_start, n_valid, out[-1], start)[:n]
+                chosen, taps = m.verify([out[-1]] + draft, start)
+                r = commit_round(draft, chosen, accept(draft, chosen), stop_ids, max_new_tokens - len(out))
+                out += r.tokens
+                accepted.append(r.accepted)
+                ctx_start, n_valid = start, len(r.tokens)
+                done = r.done
+            if stop_strings:
+                cut = self._stop_string_cut(out, stop_strings)
+                if cut is not None:
+                    out, done = out[:cut], True
+            if streamer:
+                yield streamer.push(out[len(streamer.ids):])
+        t2 = time.perf_counter()
+        text = self.codec.decode(out) if self.codec else None
+        if text is not None and stop_strings:
+            at = find_stop(text, stop_strings)
+            text = text if at is None else text[:at]
+        yield GenerationResult(out, text, accepted, (n + 1) if speculative else 1, (t1 - t0) * 1e3, t2 - t1)
+
+    def _stop_string_cut(self, out: list[int], stops: list[str]) -> int | None:
+        """Length of the shortest prefix of `out` whose text contains a stop string, or None."""
+        if find_stop(self.codec.decode(out), stops) is None:
+            return None
+        for i in range(1, len(out) + 1):
+            if find_stop(self.codec.decode(out[:i]), stops) is not None:
+                return i
+        return None
+
+
+_GEN_DEFAULTS = dict(max_new_tokens=128, temperature=0.0, top_k=0, top_p=1.0, seed=0, speculative=True,
+                     num_speculative_tokens=None, stop=None, draft_top_k=0, exact=False, enable_thinking=False)
