@@ -23,6 +23,7 @@ from torch import nn
 from dflash_iree.config import DrafterConfig
 
 from .qwen3 import MLP, Attention, Qwen3, RMSNorm, attend, rope_tables, write_cache
+from .sampling import argmax
 
 
 class DrafterLayer(nn.Module):
@@ -125,4 +126,4 @@ class DFlashDrafter(nn.Module):
             x = layer(x, cos, sin, ctx_k, ctx_v, ctx_visible)
         h = self.norm(x[:, 1:])
         logits = target.lm_head(h.to(target.dtype)).float()
-        return logits.argmax(-1), logits
+        return argmax(logits), logits

@@ -75,6 +75,15 @@ def _threshold(scores: torch.Tensor, enough) -> torch.Tensor:
     return lo
 
 
+def argmax(x: torch.Tensor) -> torch.Tensor:
+    """torch.argmax(x, -1) (the first index of the maximum) as int64, computed with an int32 index
+    reduction: IREE 3.13's GPU codegen fails on its arg_compare lowering of torch.argmax for many
+    vocabulary sizes (512, 4096, 152064, 248320, ...) and on every int64 reduction for CUDA.
+    A row holding NaN gives x.shape[-1] instead of the NaN's index."""
+    iota = torch.arange(x.shape[-1], dtype=torch.int32, device=x.device)
+    return torch.where(x == x.amax(-1, keepdim=True), iota, x.shape[-1]).amin(-1).to(torch.int64)
+
+
 def choose_tokens(logits: torch.Tensor, positions: torch.Tensor, sampling: Sampling | None) -> torch.Tensor:
     """The target's token for each row: argmax, or a keyed Gumbel-max sample.
 
@@ -87,7 +96,7 @@ def choose_tokens(logits: torch.Tensor, positions: torch.Tensor, sampling: Sampl
     Returns:
         int64 [S, T] token ids.
     """
-    greedy = logits.argmax(-1)
+    greedy = argmax(logits)
     if sampling is None:
         return greedy
     temperature, top_k, top_p, seed = sampling
@@ -95,7 +104,7 @@ def choose_tokens(logits: torch.Tensor, positions: torch.Tensor, sampling: Sampl
     t = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
     scores = logits / t[:, None, None]
     k = torch.where(top_k > 0, top_k, torch.full_like(top_k, V))[:, None, None]
-    t_k = _threshold(scores, lambda keep: keep.sum(-1, keepdim=True) >= k)
+    t_k = _threshold(scores, lambda keep: keep.sum(-1, keepdim=True, dtype=torch.int32) >= k)  # int32: see argmax
     probs = torch.softmax(scores, -1)
     p = top_p[:, None, None]
     t_p = _threshold(scores, lambda keep: (probs * keep).sum(-1, keepdim=True) >= p)
@@ -104,5 +113,5 @@ def choose_tokens(logits: torch.Tensor, positions: torch.Tensor, sampling: Sampl
     keep = (scores >= torch.maximum(t_k, t_p)) | (scores >= scores.amax(-1, keepdim=True))
     u = keyed_uniform(seed, positions, V)
     gumbel = -torch.log(-torch.log(u))
-    sampled = torch.where(keep, scores + gumbel, torch.full_like(scores, float("-inf"))).argmax(-1)
+    sampled = argmax(torch.where(keep, scores + gumbel, torch.full_like(scores, float("-inf"))))
     return torch.where((temperature > 0)[:, None], sampled, greedy)
