@@ -1,0 +1,238 @@
+"""Shared pieces of the demo training: importing the modules without an install, the demo
+configs, weight init, the SDPA attention used on the GPU, and safetensors weight files.
+
+Runs both here (CPU, the installed `dflash_iree` package) and on the device, where nothing is
+installed: `ensure_package()` then registers `dflash_iree` from the repo root and maps
+`dflash_iree.export` to the root folder `export/`, as pyproject's package-dir does.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def ensure_package() -> None:
+    """Make `import dflash_iree.export` work from a bare checkout (the device has no install)."""
+    try:
+        import dflash_iree.export  # noqa: F401
+        return
+    except ImportError:
+        pass
+    sys.path.insert(0, str(REPO))
+    import dflash_iree
+
+    spec = importlib.util.spec_from_file_location(
+        "dflash_iree.export", REPO / "export" / "__init__.py", submodule_search_locations=[str(REPO / "export")]
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["dflash_iree.export"] = module
+    spec.loader.exec_module(module)
+    dflash_iree.export = module
+
+
+ensure_package()
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+from dflash_iree.config import DrafterConfig, TargetConfig, load_drafter_config, load_target_config  # noqa: E402
+from dflash_iree.export import qwen3 as qwen3_module  # noqa: E402
+
+VOCAB_SIZE, EOS_ID, MASK_ID = 8192, 0, 1
+SEQ_LEN = 512  # target training context, also max_position_embeddings
+TAP_LAYERS = [1, 3, 5]  # every other layer of the 6-layer target, the last one included (see MODEL_CARD)
+
+
+def target_config_dict() -> dict:
+    """The demo target's HF `config.json` (Qwen3ForCausalLM, ~12.6M parameters, tied embeddings)."""
+    layers = 6
+    return {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": VOCAB_SIZE,
+        "hidden_size": 384,
+        "intermediate_size": 1024,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 6,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "hidden_act": "silu",
+        "max_position_embeddings": SEQ_LEN,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "rope_scaling": None,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "max_window_layers": layers,
+        "layer_types": ["full_attention"] * layers,
+        "tie_word_embeddings": True,
+        "initializer_range": 0.02,
+        "use_cache": True,
+        "bos_token_id": None,
+        "eos_token_id": EOS_ID,
+        "pad_token_id": EOS_ID,
+        "torch_dtype": "bfloat16",
+    }
+
+
+def drafter_config_dict(block_size: int) -> dict:
+    """A demo drafter's `config.json` in the published DFlash format (2 layers, ~3.0M parameters)."""
+    t = target_config_dict()
+    layers = 2
+    return {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "block_size": block_size,
+        "dflash_config": {"mask_token_id": MASK_ID, "target_layer_ids": list(TAP_LAYERS)},
+        "num_target_layers": t["num_hidden_layers"],
+        "num_hidden_layers": layers,
+        "hidden_size": t["hidden_size"],
+        "intermediate_size": 768,
+        "num_attention_heads": 6,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "rope_scaling": None,
+        "attention_bias": False,
+        "max_position_embeddings": SEQ_LEN,
+        "layer_types": ["full_attention"] * layers,
+        "use_sliding_window": False,
+        "vocab_size": VOCAB_SIZE,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+    }
+
+
+def generation_config_dict() -> dict:
+    return {"eos_token_id": EOS_ID, "pad_token_id": EOS_ID, "do_sample": False}
+
+
+def parse_configs(block_size: int = 8) -> tuple[TargetConfig, DrafterConfig]:
+    """The demo configs read through the project's own config readers (same path as inference)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        t, d = Path(tmp, "target"), Path(tmp, "drafter")
+        t.mkdir(), d.mkdir()
+        (t / "config.json").write_text(json.dumps(target_config_dict()))
+        (t / "generation_config.json").write_text(json.dumps(generation_config_dict()))
+        (d / "config.json").write_text(json.dumps(drafter_config_dict(block_size)))
+        tcfg = load_target_config(t)
+        return tcfg, load_drafter_config(d, tcfg)
+
+
+def init_weights(module: nn.Module, num_layers: int, std: float = 0.02) -> None:
+    """GPT-2 style init: N(0, std) for linears and embeddings, o_proj / down_proj scaled by
+    1/sqrt(2 * layers) (they add into the residual stream), norms at 1."""
+    for name, p in module.named_parameters():
+        if p.dim() == 1:
+            nn.init.ones_(p)
+        elif name.endswith(("o_proj.weight", "down_proj.weight")):
+            nn.init.normal_(p, 0.0, std / math.sqrt(2 * num_layers))
+        else:
+            nn.init.normal_(p, 0.0, std)
+
+
+CAUSAL_HINT = False  # set by use_sdpa(causal_hint=True) in the target trainer
+
+
+def sdpa_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """`export.qwen3.attend` computed by `F.scaled_dot_product_attention` (fused kernels on the GPU).
+
+    Same function (GQA, mask, softmax scale hd**-0.5); q: [S, T, Hq, hd]; k, v: [S, N, Hkv, hd];
+    visible: bool [S, T, N]; returns [S, T, Hq * hd]. When CAUSAL_HINT is set and T == N the mask is
+    the causal one (the target's cache-free training forward), and flash attention is used instead.
+    """
+    S, T, Hq, hd = q.shape
+    g = Hq // k.shape[2]
+    qh = q.transpose(1, 2)
+    kh = k.transpose(1, 2).repeat_interleave(g, 1)
+    vh = v.transpose(1, 2).repeat_interleave(g, 1)
+    if CAUSAL_HINT and T == k.shape[1]:
+        out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True)
+    else:
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=visible[:, None])
+    return out.transpose(1, 2).reshape(S, T, Hq * hd)
+
+
+def use_sdpa(causal_hint: bool = False) -> None:
+    """Route the modules' attention through SDPA in this process (training only; export/ is untouched)."""
+    global CAUSAL_HINT
+    CAUSAL_HINT = causal_hint
+    # cuDNN attention builds a plan per new shape: decoding, whose key length grows every step,
+    # paid that each step; flash / memory-efficient kernels have no such cost
+    if hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
+        torch.backends.cuda.enable_cudnn_sdp(False)
+    qwen3_module.attend = sdpa_attend
+    from dflash_iree.export import dflash as dflash_module
+
+    dflash_module.attend = sdpa_attend
+
+
+def save_sharded(tensors: dict[str, torch.Tensor], folder: Path, max_bytes: int = 15_000_000,
+                 metadata: dict | None = None) -> list[Path]:
+    """Write tensors as HF safetensors: `model.safetensors`, or shards plus
+    `model.safetensors.index.json` when the total passes max_bytes. Tensors are saved as given
+    (make them bf16 first), contiguous and on the CPU."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+    meta = {"format": "pt", **{k: str(v) for k, v in (metadata or {}).items()}}
+    size = lambda t: t.numel() * t.element_size()  # noqa: E731
+    total = sum(size(t) for t in tensors.values())
+    if total <= max_bytes:
+        path = folder / "model.safetensors"
+        save_file(tensors, str(path), metadata=meta)
+        return [path]
+    shards, current, used = [], {}, 0
+    for key, t in tensors.items():  # insertion order: embed, layers in order, norm
+        if current and used + size(t) > max_bytes:
+            shards.append(current)
+            current, used = {}, 0
+        current[key] = t
+        used += size(t)
+    shards.append(current)
+    paths, weight_map = [], {}
+    for i, shard in enumerate(shards, 1):
+        name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(folder / name), metadata=meta)
+        weight_map.update({k: name for k in shard})
+        paths.append(folder / name)
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=1) + "\n")
+    return paths
+
+
+def load_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a folder's `model.safetensors` or shards (CPU, as stored)."""
+    from safetensors.torch import load_file
+
+    out = {}
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        out.update(load_file(str(path)))
+    return out
+
+
+def file_metadata(folder: Path) -> dict:
+    """The string metadata of the first safetensors file in folder (step counts for resuming)."""
+    from safetensors import safe_open
+
+    path = sorted(Path(folder).glob("*.safetensors"))[0]
+    with safe_open(str(path), framework="pt") as f:
+        return dict(f.metadata() or {})
+
+
+def param_state(module: nn.Module, dtype=torch.bfloat16) -> dict[str, torch.Tensor]:
+    """Parameter name -> tensor in `dtype`, tied parameters once (the HF key set)."""
+    return {name: p.detach().to(dtype) for name, p in module.named_parameters()}

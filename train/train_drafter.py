@@ -1,0 +1,273 @@
+"""Train DFlash drafters (block 8 and 16) against the frozen demo target (the device script of stage 2).
+
+    python3 train/train_drafter.py --data .train-data --target $OUT/target --out $OUT --seed 0
+
+1. Data: the drafter must predict what the *target* will say, so it learns from the target's own
+   greedy continuations (--new-tokens each, KV-cached `export.qwen3.Qwen3`, prompts of different
+   lengths batched). Half the prompts are function headers + docstrings of the train files
+   (the form of bench/prompts/code.jsonl), half random windows of the train stream. Labels after
+   a generated <|endoftext|> are void (decoding stops there). The held-out files' function
+   prompts, continued the same way, measure progress.
+2. Taps: one cache-free target forward over each pooled sequence gives the taps (outputs of
+   decoder layers TAP_LAYERS), kept on the GPU.
+3. Training: per step, --batch sequences and --anchors random anchors in each sequence's
+   generated part; drafter_forward.block_logits runs all blocks at once, loss = cross-entropy at
+   block positions 1..B-1 weighted by exp(-(k-1)/gamma). Both drafters train in the same loop
+   on the same sequences, each with its own AdamW.
+Writes OUT/drafter-b{B}/model.safetensors (bf16, step in metadata) at every eval and the log
+OUT/drafter_log.json. --resume DIR continues from such folders (Adam moments start fresh).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+from common import (EOS_ID, TAP_LAYERS, file_metadata, init_weights, load_tensors, param_state, parse_configs,
+                    save_sharded, use_sdpa)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from dflash_iree.export.dflash import DFlashDrafter  # noqa: E402
+from dflash_iree.export.qwen3 import Qwen3  # noqa: E402
+from drafter_forward import block_logits, block_loss  # noqa: E402
+from train_target import lr_at  # noqa: E402
+
+# Position weight exp(-(k-1)/gamma): about the chance that position k is reached at all when
+# each draft is accepted with probability ~0.8 (0.8**(k-1) = exp(-(k-1)/4.5)).
+GAMMA = {8: 4.0, 16: 5.0}
+
+
+def load_prompt_set(path: Path) -> list[torch.Tensor]:
+    """corpus.py's prompt .npz -> list of int64 token tensors (CPU)."""
+    z = np.load(path)
+    tokens, offsets = torch.from_numpy(z["tokens"].astype(np.int64)), z["offsets"]
+    return [tokens[offsets[i]:offsets[i + 1]] for i in range(len(offsets) - 1)]
+
+
+@torch.no_grad()
+def greedy_batch(make_target, prompts: list[torch.Tensor], new_tokens: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Continue prompts of different lengths greedily, all streams at once.
+
+    Prompts are right-padded to the longest (T) and prefilled together; stream s then decodes at
+    its own positions len_s, len_s + 1, ... (`start` is per stream). Pad rows in the KV cache sit
+    at positions >= len_s, which the causal mask hides until decoding overwrites them.
+
+    Returns:
+        seq int64 [S, T + new_tokens]: prompt, then the continuation, then padding (EOS_ID);
+        lens int64 [S]: the prompt lengths.
+    """
+    S = len(prompts)
+    lens = torch.tensor([len(p) for p in prompts], device=device)
+    T = int(lens.max())
+    x = torch.full((S, T), EOS_ID, dtype=torch.int64)
+    for i, p in enumerate(prompts):
+        x[i, :len(p)] = p
+    x = x.to(device)
+    target = make_target(S, T + new_tokens)
+    chosen, _, _ = target(x, torch.zeros(S, dtype=torch.int64, device=device), read_len=T)
+    out = [chosen[torch.arange(S, device=device), lens - 1]]
+    for i in range(1, new_tokens):
+        chosen, _, _ = target(out[-1][:, None], lens + i - 1, read_len=T + i)
+        out.append(chosen[:, 0])
+    seq = torch.full((S, T + new_tokens), EOS_ID, dtype=torch.int64, device=device)
+    seq[:, :T] = x
+    seq.scatter_(1, lens[:, None] + torch.arange(new_tokens, device=device), torch.stack(out, 1))
+    return seq, lens
+
+
+def greedy_pool(make_target, batches: list[list[torch.Tensor]], new_tokens: int, device) -> dict[str, torch.Tensor]:
+    """Greedy continuations of every prompt batch, padded to one length.
+
+    Returns:
+        seq int64 [n, L]; prompt_len int64 [n]; valid_len int64 [n]: prompt_len + new_tokens,
+        or one past the first generated <|endoftext|> (decoding stops there; later labels are void).
+    """
+    seqs, lens = [], []
+    for prompts in batches:
+        seq, plen = greedy_batch(make_target, prompts, new_tokens, device)
+        seqs.append(seq)
+        lens.append(plen)
+    L = max(s.shape[1] for s in seqs)
+    seq = torch.cat([torch.nn.functional.pad(s, (0, L - s.shape[1]), value=EOS_ID) for s in seqs])
+    plen = torch.cat(lens)
+    pos = torch.arange(L, device=device)
+    is_eos = (seq == EOS_ID) & (pos[None] >= plen[:, None]) & (pos[None] < (plen + new_tokens)[:, None])
+    first = torch.where(is_eos, pos[None], torch.full_like(seq, L)).min(1).values
+    valid = torch.minimum(first + 1, plen + new_tokens)
+    return {"seq": seq, "prompt_len": plen, "valid_len": valid}
+
+
+def prompt_batches(functions: list[torch.Tensor], stream: torch.Tensor, n: int, batch: int,
+                   window_lens: list[int], gen: torch.Generator) -> list[list[torch.Tensor]]:
+    """n prompts in batches: even batches are function headers + docstrings (sampled with
+    replacement, like the bench prompts), odd batches random windows of the train stream with a
+    length cycling through window_lens (code that starts anywhere)."""
+    out = []
+    for b in range(n // batch):
+        if b % 2 == 0:
+            idx = torch.randint(0, len(functions), (batch,), generator=gen).tolist()
+            out.append([functions[i] for i in idx])
+        else:
+            P = window_lens[(b // 2) % len(window_lens)]
+            offs = torch.randint(0, stream.numel() - P, (batch,), generator=gen).tolist()
+            out.append([stream[o:o + P] for o in offs])
+    return out
+
+
+@torch.no_grad()
+def pool_taps(target: Qwen3, seq: torch.Tensor, chunk: int = 256) -> torch.Tensor:
+    """bf16 [n, L, n_taps * hidden]: the target's taps over each sequence (cache-free forward)."""
+    out = []
+    for i in range(0, seq.shape[0], chunk):
+        s = seq[i:i + chunk]
+        _, _, taps = target(s, torch.zeros(s.shape[0], dtype=torch.int64, device=s.device), use_cache=False)
+        out.append(taps.to(torch.bfloat16))
+    return torch.cat(out)
+
+
+def sample_anchors(prompt_len: torch.Tensor, valid_len: torch.Tensor, count: int, gen: torch.Generator) -> torch.Tensor:
+    """int64 [S, count], uniform over [prompt_len, valid_len - 2]: the first generated token (the
+    first anchor at inference) through the last position that still has a label."""
+    lo, hi = prompt_len, torch.maximum(valid_len - 2, prompt_len)
+    u = torch.rand(prompt_len.shape[0], count, generator=gen, device=prompt_len.device)
+    return lo[:, None] + (u * (hi - lo + 1)[:, None]).long().clamp(max=(hi - lo)[:, None])
+
+
+def run_blocks(drafter, target, pool, taps, idx, anchors, B, amp):
+    seq = pool["seq"][idx]
+    with torch.autocast(seq.device.type, dtype=torch.bfloat16, enabled=amp):
+        logits = block_logits(drafter, target, taps[idx], seq, anchors, B)
+    return block_loss(logits, seq, anchors, pool["valid_len"][idx], GAMMA.get(B, B / 2))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="train DFlash drafters against the demo target")
+    ap.add_argument("--data", default=".train-data")
+    ap.add_argument("--target", required=True, help="target weights folder (train_target.py --out)")
+    ap.add_argument("--out", required=True, help="writes OUT/drafter-b{B}/ and OUT/drafter_log.json")
+    ap.add_argument("--blocks", default="8,16")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--steps", type=int, default=6000)
+    ap.add_argument("--batch", type=int, default=64, help="sequences per step")
+    ap.add_argument("--anchors", type=int, default=32, help="blocks per sequence per step")
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--weight-decay", type=float, default=0.01)
+    ap.add_argument("--pool", type=int, default=32768, help="generated training sequences")
+    ap.add_argument("--gen-batch", type=int, default=4096)
+    ap.add_argument("--new-tokens", type=int, default=144, help="greedy tokens per prompt (eval: 128)")
+    ap.add_argument("--window-lens", default="16,32,64,128,192", help="lengths of the random-window prompts")
+    ap.add_argument("--eval-every", type=int, default=500)
+    ap.add_argument("--time-limit", type=float, default=1e9,
+                    help="seconds: the LR schedule compresses to end by then, and the loop stops")
+    ap.add_argument("--resume", help="folder holding drafter-b{B}/ from an earlier run")
+    args = ap.parse_args()
+
+    t_start = time.time()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    amp = device.type == "cuda"
+    torch.manual_seed(args.seed)
+    if amp:
+        use_sdpa()
+        torch.backends.cuda.matmul.allow_tf32 = True
+    blocks = [int(b) for b in args.blocks.split(",")]
+    out = Path(args.out)
+    log = {"args": vars(args), "device": torch.cuda.get_device_name() if amp else "cpu", "evals": []}
+
+    # frozen target, bf16 as shipped
+    tcfg, _ = parse_configs()
+    dtype = torch.bfloat16 if amp else torch.float32
+    weights = {k: v.to(dtype) for k, v in load_tensors(Path(args.target)).items()}
+
+    def make_target(streams: int, context: int) -> Qwen3:
+        # the KV cache's shape fixes the generation batch and length, hence one module per batch
+        t = Qwen3(tcfg, context, TAP_LAYERS, streams=streams, dtype=dtype, device=device)
+        t.load_state_dict(weights, strict=False)
+        return t.requires_grad_(False).eval()
+
+    gen = torch.Generator(device=device).manual_seed(args.seed)
+    cpu_gen = torch.Generator().manual_seed(args.seed)
+    data = Path(args.data)
+    stream = torch.from_numpy(np.fromfile(data / "train.bin", dtype=np.uint16).astype(np.int64))
+    functions = load_prompt_set(data / "train_prompts.npz")
+    windows = [int(p) for p in args.window_lens.split(",")]
+    batches = prompt_batches(functions, stream, args.pool, args.gen_batch, windows, cpu_gen)
+    pool = greedy_pool(make_target, batches, args.new_tokens, device)
+    held = greedy_pool(make_target, [load_prompt_set(data / "heldout_prompts.npz")], args.new_tokens, device)
+    log["pool"] = {"sequences": args.pool, "length": pool["seq"].shape[1], "train_function_prompts": len(functions),
+                   "generated_tokens": int((pool["valid_len"] - pool["prompt_len"]).sum()),
+                   "ended_by_eos": float((pool["valid_len"] < pool["prompt_len"] + args.new_tokens).float().mean()),
+                   "heldout_sequences": held["seq"].shape[0], "gen_s": round(time.time() - t_start, 1)}
+    target = make_target(1, pool["seq"].shape[1])  # cache-free forwards only: taps and training
+    taps, held_taps = pool_taps(target, pool["seq"]), pool_taps(target, held["seq"])
+    log["pool"]["taps_s"] = round(time.time() - t_start, 1)
+    print(json.dumps(log["pool"]), flush=True)
+
+    drafters, opts, first_step = {}, {}, 0
+    for B in blocks:
+        _, dcfg = parse_configs(B)
+        d = DFlashDrafter(dcfg, pool["seq"].shape[1] + B, B, dtype=torch.float32, device=device)
+        init_weights(d, dcfg.num_hidden_layers)
+        if args.resume:
+            folder = Path(args.resume) / f"drafter-b{B}"
+            d.load_state_dict({k: v.float() for k, v in load_tensors(folder).items()}, strict=False)
+            first_step = int(file_metadata(folder).get("step", 0))
+        decay = [p for p in d.parameters() if p.dim() >= 2]
+        rest = [p for p in d.parameters() if p.dim() < 2]
+        opts[B] = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                                     {"params": rest, "weight_decay": 0.0}],
+                                    lr=args.lr, betas=(0.9, 0.95), fused=amp)
+        drafters[B] = d
+    log["drafter_params"] = sum(p.numel() for p in drafters[blocks[0]].parameters())
+
+    eval_gen = torch.Generator(device=device).manual_seed(args.seed + 1)
+    n_eval = held["seq"].shape[0]
+    eval_anchors = sample_anchors(held["prompt_len"][:n_eval], held["valid_len"][:n_eval], 8, eval_gen)
+    t_loop = time.time()
+    budget = args.time_limit - (t_loop - t_start)
+    for step in range(first_step, args.steps):
+        # the schedule's clock: steps, or the time budget when that runs out first
+        clock = max(step, first_step + int((time.time() - t_loop) / budget * (args.steps - first_step)))
+        idx = torch.randint(0, args.pool, (args.batch,), generator=gen, device=device)
+        stats = {}
+        for B in blocks:
+            for group in opts[B].param_groups:
+                group["lr"] = lr_at(clock, args.steps, args.lr, args.warmup)
+            anchors = sample_anchors(pool["prompt_len"][idx], pool["valid_len"][idx], args.anchors, gen)
+            loss, st = run_blocks(drafters[B], target, pool, taps, idx, anchors, B, amp)
+            opts[B].zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(drafters[B].parameters(), 1.0)
+            opts[B].step()
+            stats[B] = (loss.detach(), st["tau"])
+        last = step + 1 == args.steps or clock + 1 >= args.steps or time.time() - t_start > args.time_limit
+        if (step + 1) % args.eval_every == 0 or last:
+            entry = {"step": step + 1, "elapsed_s": round(time.time() - t_start, 1),
+                     "s_per_step": round((time.time() - t_loop) / (step + 1 - first_step), 4)}
+            for B in blocks:
+                d = drafters[B].eval()
+                with torch.no_grad():
+                    idx_e = torch.arange(n_eval, device=device)
+                    hl, hs = run_blocks(d, target, held, held_taps, idx_e, eval_anchors, B, amp)
+                d.train()
+                entry[f"b{B}"] = {"train_loss": round(float(stats[B][0]), 4), "train_tau": round(float(stats[B][1]), 3),
+                                  "heldout_loss": round(float(hl), 4), "heldout_tau": round(float(hs["tau"]), 3),
+                                  "heldout_acc": [round(a, 3) for a in hs["acc"].tolist()]}
+                save_sharded(param_state(d), out / f"drafter-b{B}",
+                             metadata={"step": step + 1, "seed": args.seed, "heldout_tau_est": float(hs["tau"])})
+            log["evals"].append(entry)
+            log.update(last_step=step + 1, wall_s=round(time.time() - t_start, 1))
+            (out / "drafter_log.json").write_text(json.dumps(log, indent=1) + "\n")
+            print(json.dumps(entry), flush=True)
+        if last:
+            break
+    print(f"done in {time.time() - t_start:.0f}s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
