@@ -73,6 +73,21 @@ def cmd_topk_check(args) -> int:
     return run(args)
 
 
+def cmd_compile(args) -> int:
+    """Export target and drafter and lower them for one ARCH (export/compile.py)."""
+    try:
+        import iree.compiler  # noqa: F401
+        import iree.turbine  # noqa: F401
+        import torch  # noqa: F401
+    except ImportError as e:
+        raise DFlashError(f"compiling needs the compile extra (pip install 'dflash-iree[compile]'): {e}") from None
+    from dflash_iree.export.compile import compile_artifacts
+
+    compile_artifacts(args.arch, args.target, args.drafter, args.out, args.block_size, args.max_context, args.dtype,
+                      args.streams, use_cache=not args.no_export_cache)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dflash-iree", description="AOT-compiled DFlash speculative decoding on IREE")
     sub = p.add_subparsers(dest="command", required=True)
@@ -93,6 +108,21 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--no-draft", action="store_true", help="plain decoding even with --drafter")
     e.add_argument("--json", action="store_true", help="print tokens and stats as JSON")
     e.set_defaults(func=cmd_eager)
+
+    c = sub.add_parser("compile", help="export target + drafter and compile them to compiled/ARCH (vmfb + manifest)")
+    c.add_argument("--arch", default="host", help="host, gfx1030, gfx1100, gfx1151, gfx1201, sm_80, sm_86, sm_89, "
+                   "or an alias: strix-halo, rx7900xtx, h100, h200 (default: host)")
+    c.add_argument("--target", required=True, help="Qwen3 checkpoint folder (only config.json is read)")
+    c.add_argument("--drafter", required=True, help="DFlash drafter checkpoint folder (only config.json is read)")
+    c.add_argument("--out", help="output folder (default: compiled/ARCH)")
+    c.add_argument("--block-size", type=int, help="verify block, 2..the drafter's trained block_size (default)")
+    c.add_argument("--max-context", type=int, default=4096, help="KV cache length in tokens (default 4096)")
+    c.add_argument("--dtype", choices=["bf16", "f16", "f32"], help="default: the target config's torch_dtype")
+    c.add_argument("--streams", type=int, default=1, help="leading stream dimension of every entry point (default 1)")
+    c.add_argument("--no-export-cache", action="store_true",
+                   help="export afresh and keep no copy (default: reuse an identical export from ~/.cache/dflash-iree, "
+                        "or $DFLASH_IREE_CACHE)")
+    c.set_defaults(func=cmd_compile)
 
     from dflash_iree.kernels.check import add_arguments as topk_check_arguments
 

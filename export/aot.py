@@ -1,0 +1,296 @@
+"""Export the target and the drafter into one MLIR module: torch.export + iree-turbine `aot`.
+
+One module holds every entry point of both models, so the target's embedding and lm_head (which
+the drafter uses too) are bound once. What the module looks like from outside:
+
+- Weights are external named parameters, never inlined: scope `target` with the target's
+  safetensors keys, scope `drafter` with the drafter's keys (`externalize_module_parameters`).
+- The two KV caches (the target's `kv_cache`, the drafter's `ctx_cache`) are mutable module
+  globals initialized to zeros by the module itself: they are neither function arguments (which
+  IREE copies in full on every call, shared/notes/iree.md section 3) nor checkpoint parameters.
+  Rollback is by length: the runtime keeps the committed length and passes `start`.
+- Attention reads the cache only up to a length the caller chooses, in pages of `KV_PAGE` rows:
+  the shape of the `pages` argument (its contents are ignored) is the dynamic dim that bounds
+  every cache read, so decode cost follows the context, not `max_context`.
+- Only [S, K]-sized results leave a production entry point: chosen tokens, draft ids, and the
+  taps, which the runtime keeps on the device and passes back to `absorb` / `draft`.
+- The leading dim S of every argument is the stream count (1 for now).
+
+The model is built on the meta device, so exporting the 8B shapes allocates no weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+
+from dflash_iree.config import DrafterConfig, TargetConfig
+
+from .dflash import DFlashDrafter
+from .qwen3 import Qwen3
+from .sampling import Sampling
+
+KV_PAGE = 32  # cache rows per page; attention reads pages.shape[0] * KV_PAGE rows
+TARGET_SCOPE = "target"
+DRAFTER_SCOPE = "drafter"
+_STATE_SCOPE = "state"  # transient: these globals get a zero initializer after import
+
+DTYPE_NAMES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.int64: "i64",
+               torch.int8: "i8"}
+_TORCH_DTYPES = {v: k for k, v in DTYPE_NAMES.items()}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One argument or result: a name, a shape (ints, or the name of a dynamic dim) and a dtype name."""
+
+    name: str
+    shape: tuple
+    dtype: str
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+
+
+@dataclass(frozen=True)
+class EntryPoint:
+    """A function of the compiled module."""
+
+    name: str
+    model: str  # "target" | "drafter"
+    args: tuple[TensorSpec, ...]
+    results: tuple[TensorSpec, ...]
+    doc: str
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "model": self.model, "doc": self.doc,
+                "args": [a.to_dict() for a in self.args], "results": [r.to_dict() for r in self.results]}
+
+
+@dataclass(frozen=True)
+class ExportShapes:
+    """The static facts of an export: what the manifest records and the runtime relies on."""
+
+    streams: int
+    block_size: int
+    max_context: int
+    dtype: str  # "bf16" | "f16" | "f32"
+    tap_width: int  # n_taps * hidden_size
+    kv_page: int = KV_PAGE
+
+    @property
+    def dims(self) -> dict:
+        """Dynamic dims: name -> inclusive range and meaning."""
+        c = self.max_context
+        return {
+            "T": {"min": 1, "max": c, "doc": "prompt tokens in one prefill call"},
+            "R": {"min": 1, "max": c, "doc": "context rows in one absorb call"},
+            "P": {"min": 1, "max": c // self.kv_page,
+                  "doc": f"cache pages attention reads: pages.shape[0] * {self.kv_page} rows, "
+                         "at least the end of this call's rows (target) or the block start (draft)"},
+        }
+
+
+def export_shapes(plan) -> ExportShapes:
+    """ExportShapes of a compile plan (export/compile.py `Plan`)."""
+    return ExportShapes(plan.streams, plan.block_size, plan.max_context, plan.dtype,
+                        plan.drafter.num_taps * plan.target.hidden_size)
+
+
+class Pair(nn.Module):
+    """The root module of the export: the target and the drafter side by side."""
+
+    def __init__(self, target: Qwen3, drafter: DFlashDrafter):
+        super().__init__()
+        self.target = target
+        self.drafter = drafter
+
+
+def build_pair(tcfg: TargetConfig, dcfg: DrafterConfig, max_context: int, block_size: int, streams: int,
+               dtype: torch.dtype) -> Pair:
+    """Target and drafter on the meta device (no weights), in eval mode, without gradients."""
+    with torch.device("meta"):
+        target = Qwen3(tcfg, max_context, dcfg.target_layer_ids, streams, dtype)
+        drafter = DFlashDrafter(dcfg, max_context, block_size, streams, dtype)
+    pair = Pair(target, drafter).eval()
+    pair.requires_grad_(False)
+    return pair
+
+
+def parameter_table(pair: Pair) -> dict[str, dict[str, dict]]:
+    """scope -> key -> {shape, dtype}: the checkpoint tensors the module binds (tied ones once)."""
+    out = {}
+    for scope, module in ((TARGET_SCOPE, pair.target), (DRAFTER_SCOPE, pair.drafter)):
+        out[scope] = {k: {"shape": list(p.shape), "dtype": DTYPE_NAMES[p.dtype]} for k, p in module.named_parameters()}
+    return out
+
+
+def entry_points(shapes: ExportShapes, sampled: bool = True) -> list[EntryPoint]:
+    """Every function of the module, in export order.
+
+    The target's steps come greedy (argmax) and, when `sampled`, as `*_sampled` variants that take
+    per-stream temperature, top_k, top_p and seed tensors (export/sampling.py); a stream with
+    temperature 0 is greedy in those too. Greedy requests use the plain ones, which skip the ~64
+    vocab-wide reductions per row that keyed top-k / top-p sampling costs.
+    """
+    S, B, N, dt = shapes.streams, shapes.block_size, shapes.tap_width, shapes.dtype
+    tokens = lambda t: TensorSpec("tokens", (S, t), "i64")  # noqa: E731
+    start = TensorSpec("start", (S,), "i64")
+    pages = TensorSpec("pages", ("P",), "i8")
+    sampling = (TensorSpec("temperature", (S,), "f32"), TensorSpec("top_k", (S,), "i64"),
+                TensorSpec("top_p", (S,), "f32"), TensorSpec("seed", (S,), "i64"))
+    chosen = lambda t: TensorSpec("chosen", (S, t), "i64")  # noqa: E731
+    taps = lambda t: TensorSpec("taps", (S, t, N), dt)  # noqa: E731
+    steps = [
+        ("prefill", (tokens("T"), start, pages), (chosen(1), taps("T")),
+         "Run the prompt (or a chunk of it) at positions [start, start+T) into the KV cache; chosen is "
+         "the target's token after the last row; taps (keep on the device) feed `absorb`."),
+        ("verify", (tokens(B), start, pages), (chosen(B), taps(B)),
+         "Run the block [anchor, drafts] at [start, start+B); chosen[:, i] is the target's token after "
+         "block row i; taps (keep on the device) feed the next `draft`."),
+        ("decode", (tokens(1), start, pages), (chosen(1),),
+         "Plain decoding: one token at position start."),
+    ]
+    out = []
+    for suffix, extra in (("", ()), ("_sampled", sampling)) if sampled else (("", ()),):
+        for name, args, results, doc in steps:
+            out.append(EntryPoint(name + suffix, "target", args + extra, results, doc))
+    out.append(EntryPoint(
+        "absorb", "drafter", (taps("R"), start), (TensorSpec("ctx_len", (S,), "i64"),),
+        "Project R context rows (the target's taps at positions [start, start+R)) into the drafter's "
+        "context cache; returns start + R."))
+    out.append(EntryPoint(
+        "draft", "drafter",
+        (taps(B), TensorSpec("ctx_start", (S,), "i64"), TensorSpec("n_valid", (S,), "i64"),
+         TensorSpec("anchor", (S,), "i64"), pages),
+        (TensorSpec("draft", (S, B - 1), "i64"),),
+        "Absorb the first n_valid rows of the last verify's taps (positions [ctx_start, ctx_start+n_valid); "
+        "rows past n_valid are ignored), then draft block_size-1 greedy tokens after the anchor at "
+        "position ctx_start+n_valid. After prefill, pass any taps with n_valid = 0."))
+    return out
+
+
+def _read_len(pages: torch.Tensor) -> int:
+    return pages.shape[0] * KV_PAGE
+
+
+def _step(m: Pair, tokens, start, pages, sampling: Sampling | None, last_only: bool = False):
+    chosen, _, taps = m.target(tokens, start, sampling, read_len=_read_len(pages), last_only=last_only)
+    return chosen, taps
+
+
+# The exported bodies; torch.export names the arguments after these parameters.
+def prefill(m, tokens, start, pages):
+    return _step(m, tokens, start, pages, None, last_only=True)
+
+
+def prefill_sampled(m, tokens, start, pages, temperature, top_k, top_p, seed):
+    return _step(m, tokens, start, pages, Sampling(temperature, top_k, top_p, seed), last_only=True)
+
+
+def verify(m, tokens, start, pages):
+    return _step(m, tokens, start, pages, None)
+
+
+def verify_sampled(m, tokens, start, pages, temperature, top_k, top_p, seed):
+    return _step(m, tokens, start, pages, Sampling(temperature, top_k, top_p, seed))
+
+
+def decode(m, tokens, start, pages):
+    return _step(m, tokens, start, pages, None)[0]
+
+
+def decode_sampled(m, tokens, start, pages, temperature, top_k, top_p, seed):
+    return _step(m, tokens, start, pages, Sampling(temperature, top_k, top_p, seed))[0]
+
+
+def absorb(m, taps, start):
+    m.drafter.absorb(taps, start)
+    return start + taps.shape[1]
+
+
+def draft(m, taps, ctx_start, n_valid, anchor, pages):
+    return m.drafter(m.target, taps, ctx_start, n_valid, anchor, read_len=_read_len(pages))[0]
+
+
+_BODIES = {f.__name__: f for f in (prefill, prefill_sampled, verify, verify_sampled, decode, decode_sampled,
+                                   absorb, draft)}
+
+
+def _example(spec: TensorSpec, dims: dict[str, torch.export.Dim]):
+    """A meta example tensor (dynamic dims at size 2) and its dynamic-shape entry."""
+    shape = [2 if isinstance(d, str) else d for d in spec.shape]
+    dynamic = {i: dims[d] for i, d in enumerate(spec.shape) if isinstance(d, str)}
+    return torch.zeros(shape, dtype=_TORCH_DTYPES[spec.dtype], device="meta"), dynamic
+
+
+def export_module(pair: Pair, shapes: ExportShapes, sampled: bool = True, log=None):
+    """Export every entry point of `pair` into one MLIR module.
+
+    Args:
+        log: called with a progress line after each traced entry point and after the import.
+
+    Returns:
+        (iree-turbine's ExportOutput: `.save_mlir(path)` writes the module, the entry points).
+    """
+    import iree.turbine.aot as aot
+    from iree.turbine.aot.tensor_traits import ExternalTensorTrait
+
+    log = log or (lambda msg: None)
+    aot.externalize_module_parameters(pair.target, external_scope=TARGET_SCOPE)
+    aot.externalize_module_parameters(pair.drafter, external_scope=DRAFTER_SCOPE)
+    # The caches are non-persistent buffers: tag them so the importer emits a global without
+    # reading their (meta) data; _finish_globals then gives them a zero initializer.
+    ExternalTensorTrait(_STATE_SCOPE, "target.kv_cache").set(pair.target.kv_cache)
+    ExternalTensorTrait(_STATE_SCOPE, "drafter.ctx_cache").set(pair.drafter.ctx_cache)
+
+    dims = {name: torch.export.Dim(name, min=d["min"], max=d["max"]) for name, d in shapes.dims.items()}
+    entries = entry_points(shapes, sampled)
+    fxb = aot.FxProgramsBuilder(pair)
+    for entry in entries:
+        examples = [_example(a, dims) for a in entry.args]
+        fxb.export_program(_BODIES[entry.name], name=entry.name, args=tuple(e for e, _ in examples),
+                           dynamic_shapes=tuple(d for _, d in examples), strict=False)
+        log(f"export: traced {entry.name}")
+    output = aot.export(fxb, module_name="dflash", import_symbolic_shape_expressions=True)
+    _finish_globals(output.mlir_module)
+    log(f"import: {len(entries)} entry points in one MLIR module")
+    return output, entries
+
+
+def _finish_globals(module_op) -> None:
+    """Post-import fixes on the module, in place.
+
+    - Cache globals (scope `state`) get a zero splat initializer: module state, no parameter.
+    - `torch.constant.device "meta"` (the export ran on meta tensors) becomes "cpu": the device of a
+      created tensor means nothing to IREE, but some lowerings refuse "meta".
+    """
+    from iree.compiler import ir
+
+    with module_op.context, ir.Location.unknown():
+        for op in module_op.regions[0].blocks[0].operations:
+            if op.operation.name != "util.global" or "initial_value" not in op.attributes:
+                continue
+            if f'"{_STATE_SCOPE}"::' not in str(op.attributes["initial_value"]):
+                continue
+            ty = ir.TypeAttr(op.attributes["type"]).value
+            zero = ir.FloatAttr.get(ir.RankedTensorType(ty).element_type, 0.0)
+            op.attributes["initial_value"] = ir.DenseElementsAttr.get_splat(ty, zero)
+
+        def walk(op):
+            for region in op.regions:
+                for block in region.blocks:
+                    for child in block.operations:
+                        if child.operation.name == "torch.constant.device":
+                            child.attributes["value"] = ir.StringAttr.get("cpu")
+                        walk(child.operation)
+
+        walk(module_op.operation if hasattr(module_op, "operation") else module_op)
+
+
+def shapes_dict(shapes: ExportShapes) -> dict:
+    d = asdict(shapes)
+    d["dims"] = shapes.dims
+    return d

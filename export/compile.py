@@ -1,0 +1,438 @@
+"""`dflash-iree compile`: export the pair, lower it with iree-compile, write `compiled/ARCH/`.
+
+Three steps, each usable alone (the measurement script and the tests export once and lower for
+several archs):
+- `plan()` reads and checks the two config.json files and the options; it raises `DFlashError`
+  before anything is written;
+- `export_mlir()` builds the modules on the meta device and exports them (export/aot.py);
+- `lower()` runs iree-compile for one arch and writes `dflash.vmfb` and `manifest.json` into a
+  temporary folder beside the destination, then renames it into place, so an interrupted compile
+  leaves no half artifact.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+from dflash_iree.config import DrafterConfig, TargetConfig, config_hash, load_drafter_config, load_target_config
+from dflash_iree.errors import DFlashError
+
+FORMAT_VERSION = 1
+MODULE_FILE = "dflash.vmfb"
+MANIFEST_FILE = "manifest.json"
+MIN_CONTEXT = 64
+
+
+@dataclass(frozen=True)
+class Arch:
+    """A compile target: the iree-compile flags and the runtime driver that runs the result."""
+
+    name: str
+    driver: str  # iree.runtime driver: local-task | hip | cuda
+    flags: tuple[str, ...]
+    about: str
+
+
+def _cpu(cpu: str, triple: str | None = None) -> tuple[str, ...]:
+    flags = ("--iree-hal-target-device=local", "--iree-hal-local-target-device-backends=llvm-cpu")
+    if triple:
+        flags += (f"--iree-llvmcpu-target-triple={triple}",)
+    return flags + (f"--iree-llvmcpu-target-cpu={cpu}",)
+
+
+def _hip(chip: str) -> tuple[str, ...]:
+    return ("--iree-hal-target-device=hip", f"--iree-rocm-target={chip}")
+
+
+def _cuda(sm: str) -> tuple[str, ...]:
+    return ("--iree-hal-target-device=cuda", f"--iree-cuda-target={sm}")
+
+
+# The pinned compiler's ROCm backend refuses `--iree-rocm-target=gfx1030` ("Unknown ROCM target"), though
+# its GPU target table knows RDNA2; the device target is therefore given in full, with the values of that
+# table (KnownTargets.cpp, getRDNA2WgpDetails: no MMA intrinsics, wave32/64, 64 KiB workgroup memory).
+_GFX1030 = (
+    '#hal.device.target<"hip", [#hal.executable.target<"rocm", "rocm-hsaco-fb", {abi = "hip", '
+    'iree.encoding.resolver = #iree_gpu.gpu_encoding_resolver<>, iree_codegen.target_info = #iree_gpu.target<'
+    'arch = "gfx1030", features = "", wgp = <compute = fp64|fp32|fp16|int64|int32|int16|int8, '
+    'storage = b64|b32|b16|b8, subgroup = shuffle|arithmetic, dot = dp4xi8toi32, mma = [], '
+    'subgroup_size_choices = [32, 64], max_workgroup_sizes = [1024, 1024, 1024], max_thread_count_per_workgroup = 1024, '
+    'max_workgroup_memory_bytes = 65536, max_workgroup_counts = [2147483647, 2147483647, 2147483647]>>, '
+    'ukernels = "none"}>]>')
+
+
+ARCHS: dict[str, Arch] = {a.name: a for a in (
+    Arch("host", "local-task", _cpu("host"), "llvm-cpu for this machine's CPU"),
+    Arch("gfx1030", "hip", (f"--iree-hal-target-device={_GFX1030}",), "RDNA2 (RX 6800/6900)"),
+    Arch("gfx1100", "hip", _hip("gfx1100"), "RDNA3 (RX 7900 XTX/XT, W7900)"),
+    Arch("gfx1151", "hip", _hip("gfx1151"), "RDNA3.5 (Strix Halo, Ryzen AI Max)"),
+    Arch("gfx1201", "hip", _hip("gfx1201"), "RDNA4 (RX 9070 XT)"),
+    Arch("sm_80", "cuda", _cuda("sm_80"), "Ampere (A100); its PTX also runs on Hopper"),
+    Arch("sm_86", "cuda", _cuda("sm_86"), "Ampere (RTX 30xx, A10, A40)"),
+    Arch("sm_89", "cuda", _cuda("sm_89"), "Ada (RTX 40xx, L4, L40S)"),
+)}
+
+_HOPPER = ("the pinned iree-base-compiler 3.13 has no sm_90 target (iree-org/iree#22147); sm_80 PTX is "
+           "JIT-compiled for Hopper by the CUDA driver when the module loads")
+ALIASES: dict[str, tuple[str, str]] = {
+    "strix-halo": ("gfx1151", ""),
+    "rx7900xtx": ("gfx1100", ""),
+    "h100": ("sm_80", _HOPPER),
+    "h200": ("sm_80", _HOPPER),
+}
+
+# The host record is made for a fixed, named CPU, not this machine's features, so that it
+# is the same on every machine that makes it.
+RECORD_HOST_FLAGS = _cpu("x86-64-v3", "x86_64-unknown-linux-gnu")
+
+
+def resolve_arch(name: str) -> tuple[Arch, str]:
+    """An ARCH name or alias -> (Arch, note for the user, "" when none).
+
+    Raises:
+        DFlashError: an unknown name, listing the accepted ones.
+    """
+    key = name.strip().lower()
+    if key in ARCHS:
+        return ARCHS[key], ""
+    if key in ALIASES:
+        real, note = ALIASES[key]
+        return ARCHS[real], f"{name} -> {real}" + (f": {note}" if note else "")
+    accepted = ", ".join(ARCHS) + "; aliases: " + ", ".join(f"{a} ({r})" for a, (r, _) in ALIASES.items())
+    raise DFlashError(f"unknown ARCH '{name}'; accepted: {accepted}")
+
+
+@dataclass
+class Plan:
+    """Checked inputs of one compile."""
+
+    target: TargetConfig
+    drafter: DrafterConfig
+    block_size: int
+    max_context: int
+    dtype: str
+    streams: int
+    sampled: bool = True
+    entries: list = field(default_factory=list)  # filled by export_mlir
+    parameters: dict = field(default_factory=dict)  # scope -> key -> {shape, dtype}
+    state: dict = field(default_factory=dict)  # module-initialized globals (the caches)
+    export_s: float = 0.0
+    export_reused: bool = False  # the MLIR came from the export cache
+
+
+def plan(target_dir: str | Path, drafter_dir: str | Path, block_size: int | None = None,
+         max_context: int = 4096, dtype: str | None = None, streams: int = 1, sampled: bool = True) -> Plan:
+    """Read and check the two config.json files and the options. Reads no weights, writes nothing.
+
+    Raises:
+        DFlashError: a missing config, an unsupported family, a drafter that does not fit the
+            target, block_size / max_context / dtype / streams out of range.
+    """
+    from dflash_iree.export.aot import KV_PAGE
+
+    tcfg = load_target_config(target_dir)
+    dcfg = load_drafter_config(drafter_dir, tcfg)
+    block = dcfg.block_size if block_size is None else block_size
+    if not 2 <= block <= dcfg.block_size:
+        raise DFlashError(f"--block-size {block} is out of range: use 2..{dcfg.block_size} "
+                          f"(the drafter's trained block_size)")
+    limit = tcfg.max_position_embeddings
+    if not MIN_CONTEXT <= max_context <= limit or max_context % KV_PAGE:
+        raise DFlashError(f"--max-context {max_context} is out of range: use a multiple of {KV_PAGE} from "
+                          f"{MIN_CONTEXT} to {limit} (the target's max_position_embeddings)")
+    dtype = dtype or tcfg.dtype
+    if dtype not in ("bf16", "f16", "f32"):
+        raise DFlashError(f"--dtype {dtype} is not supported; use bf16, f16 or f32")
+    if streams < 1:
+        raise DFlashError(f"--streams {streams} is out of range: use 1 or more")
+    return Plan(tcfg, dcfg, block, max_context, dtype, streams, sampled)
+
+
+class Progress:
+    """Progress lines with the seconds elapsed since the start."""
+
+    def __init__(self, out=None):
+        self.t0 = time.perf_counter()
+        self.out = out
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def __call__(self, msg: str) -> None:
+        print(f"[{self.elapsed():7.1f}s] {msg}", file=self.out or sys.stdout, flush=True)
+
+
+def _describe(p: Plan, pair) -> None:
+    """Fill the plan's entry points, parameter table and module state from the (meta) pair."""
+    from dflash_iree.export import aot
+
+    p.entries = aot.entry_points(aot.export_shapes(p), p.sampled)
+    p.parameters = aot.parameter_table(pair)
+    p.state = {name: {"shape": list(b.shape), "dtype": aot.DTYPE_NAMES[b.dtype]}
+               for name, b in (("target.kv_cache", pair.target.kv_cache), ("drafter.ctx_cache", pair.drafter.ctx_cache))}
+
+
+def export_mlir(p: Plan, path: str | Path, log=None) -> Path:
+    """Export the pair described by `p` to MLIR at `path` (.mlirbc: bytecode); fills p.entries etc.
+    Returns `path`."""
+    import torch
+
+    from dflash_iree.export import aot
+    from dflash_iree.export.load import torch_dtype
+
+    log = log or Progress()
+    t0 = time.perf_counter()
+    pair = aot.build_pair(p.target, p.drafter, p.max_context, p.block_size, p.streams, torch_dtype(p.dtype))
+    _describe(p, pair)
+    with torch.no_grad():
+        output, _ = aot.export_module(pair, aot.export_shapes(p), p.sampled, log=log)
+    output.save_mlir(path)
+    p.export_s = time.perf_counter() - t0
+    log(f"export: done in {p.export_s:.1f}s, MLIR {Path(path).stat().st_size / 2**20:.1f} MiB")
+    return Path(path)
+
+
+_EXPORT_SOURCES = ("aot.py", "qwen3.py", "dflash.py", "sampling.py")
+
+
+def cache_dir() -> Path | None:
+    """Where exported MLIR is kept between compiles: $DFLASH_IREE_CACHE, else ~/.cache/dflash-iree
+    ($XDG_CACHE_HOME honoured); None when $DFLASH_IREE_CACHE is "off"."""
+    env = os.environ.get("DFLASH_IREE_CACHE")
+    if env == "off":
+        return None
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dflash-iree"
+
+
+def export_key(p: Plan) -> str:
+    """sha256 of everything the exported MLIR depends on: the model shapes and options, the export
+    sources, and the torch / iree-turbine / compiler versions (not the checkpoint folders)."""
+    here = Path(__file__).parent
+    parts = {
+        "target": {k: v for k, v in p.target.to_dict().items() if k != "folder"},
+        "drafter": {k: v for k, v in p.drafter.to_dict().items() if k != "folder"},
+        "options": [p.block_size, p.max_context, p.dtype, p.streams, p.sampled],
+        "versions": [_version(d) for d in ("torch", "iree-turbine", "iree-base-compiler")],
+        "sources": [hashlib.sha256((here / f).read_bytes()).hexdigest() for f in _EXPORT_SOURCES],
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def export_cached(p: Plan, work: Path, log=None, use_cache: bool = True) -> Path:
+    """The exported MLIR for `p`: from the cache when an identical export is there, else exported
+    now (into the cache when there is one, else into `work`). Fills p.entries etc. either way."""
+    from dflash_iree.export import aot
+    from dflash_iree.export.load import torch_dtype
+
+    log = log or Progress()
+    where = cache_dir() if use_cache else None
+    if where is None:
+        return export_mlir(p, work / "dflash.mlirbc", log)
+    path = where / f"{export_key(p)}.mlirbc"
+    if path.is_file():
+        _describe(p, aot.build_pair(p.target, p.drafter, p.max_context, p.block_size, p.streams, torch_dtype(p.dtype)))
+        p.export_reused = True
+        log(f"export: reusing {path} (same shapes, options, export sources and versions)")
+        return path
+    where.mkdir(parents=True, exist_ok=True)
+    partial = where / f".{path.stem}.{os.getpid()}.mlirbc"  # renamed into place when whole
+    try:
+        export_mlir(p, partial, log)
+        partial.replace(path)
+        log(f"export: kept as {path} for the next compile of these shapes")
+    finally:
+        partial.unlink(missing_ok=True)
+    return path
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def iree_compile_tool() -> str:
+    """Path of the pinned iree-compile (beside this Python, else on PATH)."""
+    here = Path(sys.executable).parent / "iree-compile"
+    found = str(here) if here.is_file() else shutil.which("iree-compile")
+    if not found:
+        raise DFlashError("iree-compile was not found; install the compile extra: pip install 'dflash-iree[compile]'")
+    return found
+
+
+def compile_flags(arch: Arch, record: bool = False) -> list[str]:
+    """The exact iree-compile flags for an arch; `record` swaps host's CPU for the fixed record CPU."""
+    flags = RECORD_HOST_FLAGS if record and arch.name == "host" else arch.flags
+    return list(flags)
+
+
+def run_iree_compile(mlir: Path, vmfb: Path, flags: list[str], stats: Path, extra: list[str] = ()) -> None:
+    """iree-compile MLIR -> vmfb with scheduling statistics (json) written to `stats`."""
+    cmd = [iree_compile_tool(), str(mlir), *flags, *extra, "--iree-scheduling-dump-statistics-format=json",
+           f"--iree-scheduling-dump-statistics-file={stats}", "-o", str(vmfb)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stderr.strip().splitlines()[-25:])
+        raise DFlashError(f"iree-compile failed (exit {proc.returncode}):\n{tail}")
+
+
+def _stats(path: Path) -> dict:
+    """Executable and dispatch counts from iree-compile's scheduling statistics."""
+    agg = json.loads(path.read_text())["stream-aggregate"]
+    ex = agg["execution"]
+    return {"executables": agg["executable"]["executable-count"], "dispatches": ex["dispatch-count"],
+            "copies": ex["copy-count"], "fills": ex["fill-count"]}
+
+
+def _config_entry(cfg) -> dict:
+    return {"folder": str(Path(cfg.folder).resolve()), "config_hash": config_hash(cfg.raw), "config": cfg.to_dict(),
+            "raw_config": cfg.raw}
+
+
+def manifest(p: Plan, arch: Arch, flags: list[str], stats: dict, files: dict, requested: str, note: str,
+             compile_s: float) -> dict:
+    """The manifest.json contents (see docs in README, `make compile`)."""
+    from dflash_iree.export.aot import KV_PAGE, export_shapes, shapes_dict
+
+    shapes = export_shapes(p)
+    return {
+        "format_version": FORMAT_VERSION,
+        "arch": arch.name,
+        "arch_requested": requested,
+        "arch_note": note,
+        "driver": arch.driver,
+        "module": MODULE_FILE,
+        "versions": {"iree_base_compiler": _version("iree-base-compiler"), "torch": _version("torch"),
+                     "iree_turbine": _version("iree-turbine"), "dflash_iree": _version("dflash-iree")},
+        "flags": flags,
+        "target": _config_entry(p.target),
+        "drafter": _config_entry(p.drafter),
+        "block_size": p.block_size,
+        "trained_block_size": p.drafter.block_size,
+        "max_context": p.max_context,
+        "dtype": p.dtype,
+        "streams": p.streams,
+        "kv_page": KV_PAGE,
+        "tap_layer_ids": list(p.drafter.target_layer_ids),
+        "mask_token_id": p.drafter.mask_token_id,
+        "shapes": shapes_dict(shapes),
+        "entry_points": [e.to_dict() for e in p.entries],
+        "parameters": p.parameters,
+        "state": {"doc": "module-initialized mutable globals (zeros); not parameters, not in any checkpoint",
+                  "globals": p.state},
+        "stats": {**stats, "export_s": round(p.export_s, 1), "export_reused": p.export_reused,
+                  "compile_s": round(compile_s, 1)},
+        "files": files,
+    }
+
+
+def lower(p: Plan, arch_name: str, mlir: str | Path, out_dir: str | Path, log=None, record: bool = False,
+          dump_phases: str | Path | None = None) -> dict:
+    """Compile exported MLIR for one arch into `out_dir` (written whole, or not at all).
+
+    Args:
+        p: the plan `export_mlir` filled.
+        arch_name: an ARCH name or alias.
+        mlir: the exported module.
+        out_dir: destination folder; an existing one is replaced only if it holds a manifest.json.
+        record: compile host for the fixed record CPU (RECORD_HOST_FLAGS).
+        dump_phases: also write every compilation phase's IR there (the HAL IR is `*.hal.mlir`);
+            the module is the same.
+
+    Returns:
+        The manifest.
+    """
+    log = log or Progress()
+    arch, note = resolve_arch(arch_name)
+    out = Path(out_dir)
+    _check_destination(out)
+    flags = compile_flags(arch, record)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    stage.chmod(0o777 & ~umask)  # mkdtemp makes it private; the artifact folder is an ordinary one
+    try:
+        vmfb = stage / MODULE_FILE
+        stats_file = stage / "stats.json"
+        log(f"compile: iree-compile for {arch.name} ({arch.about}) ...")
+        t0 = time.perf_counter()
+        extra = [f"--dump-compilation-phases-to={dump_phases}"] if dump_phases else []
+        run_iree_compile(Path(mlir), vmfb, flags, stats_file, extra)
+        compile_s = time.perf_counter() - t0
+        stats = _stats(stats_file)
+        stats_file.unlink()
+        log(f"compile: {arch.name} done in {compile_s:.1f}s: {vmfb.stat().st_size / 2**20:.2f} MiB, "
+            f"{stats['executables']} executables, {stats['dispatches']} dispatches")
+        files = {MODULE_FILE: _sha256(vmfb)}
+        stats["module_bytes"] = vmfb.stat().st_size
+        m = manifest(p, arch, flags, stats, files, arch_name, note, compile_s)
+        (stage / MANIFEST_FILE).write_text(json.dumps(m, indent=1) + "\n")
+        _replace(stage, out)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    return m
+
+
+def _check_destination(out: Path) -> None:
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / MANIFEST_FILE).is_file())):
+        raise DFlashError(f"{out} exists and is not an artifact folder (no {MANIFEST_FILE}); choose another --out")
+
+
+def _replace(stage: Path, out: Path) -> None:
+    """Move the finished stage folder to `out`, replacing an earlier artifact folder."""
+    if out.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+        old.rmdir()
+        out.rename(old)
+        stage.rename(out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        stage.rename(out)
+
+
+def compile_artifacts(arch: str, target_dir, drafter_dir, out_dir=None, block_size: int | None = None,
+                      max_context: int = 4096, dtype: str | None = None, streams: int = 1, sampled: bool = True,
+                      log=None, record: bool = False, use_cache: bool = True) -> dict:
+    """The whole `dflash-iree compile`: plan, export (or reuse a cached export), lower. Returns the manifest."""
+    log = log or Progress()
+    resolved, note = resolve_arch(arch)
+    if note:
+        log(f"note: {note}")
+    p = plan(target_dir, drafter_dir, block_size, max_context, dtype, streams, sampled)
+    out = Path(out_dir) if out_dir else Path("compiled") / resolved.name
+    _check_destination(out)
+    iree_compile_tool()
+    log(f"configs: target {p.target.num_hidden_layers} layers, hidden {p.target.hidden_size}, vocab "
+        f"{p.target.vocab_size}; drafter {p.drafter.num_hidden_layers} layers, taps {list(p.drafter.target_layer_ids)}; "
+        f"block {p.block_size}, max_context {p.max_context}, {p.dtype}, streams {p.streams}")
+    with tempfile.TemporaryDirectory(prefix="dflash-export-") as work:
+        mlir = export_cached(p, Path(work), log, use_cache)
+        m = lower(p, arch, mlir, out, log, record)
+    size = m["stats"]["module_bytes"] / 2**20
+    export = "export reused" if p.export_reused else f"export {p.export_s:.0f}s"
+    log(f"done: {out}/{MODULE_FILE} {size:.2f} MiB + {MANIFEST_FILE}, {m['stats']['executables']} executables; "
+        f"{export} + compile {m['stats']['compile_s']:.0f}s = {log.elapsed():.0f}s total")
+    return m
