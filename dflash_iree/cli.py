@@ -1,6 +1,11 @@
 """The `dflash-iree` command line.
 
 Subcommands:
+- `generate`: decode with compiled artifacts on an IREE device (the runtime; no torch).
+- `bench`: the same prompts plain and drafted, alternated, with tok/s, τ and speedup.
+- `demo`: one held-out prompt plain and drafted: the text, τ and tok/s of each (`make demo`).
+- `compile`: export target + drafter and lower them for one ARCH (needs the `compile` extra).
+- `topk-check`: parity of the draft top-K dispatch on a device.
 - `eager`: decode with the eager PyTorch reference (needs the `compile` extra), plain or DFlash.
 
 Bad input (DFlashError) prints one message and exits with status 2, without a traceback.
@@ -88,9 +93,114 @@ def cmd_compile(args) -> int:
     return 0
 
 
+def _load_engine(args):
+    from dflash_iree.runtime.engine import Engine
+
+    return Engine.load(args.artifacts, args.target, args.drafter, args.device)
+
+
+def cmd_generate(args) -> int:
+    """Generate with compiled artifacts; prints the text, or tokens and stats with --json."""
+    engine = _load_engine(args)
+    if args.prompt_ids:
+        prompt = _encode_prompt("", None, args.prompt_ids)
+    elif args.chat:
+        prompt = [{"role": "user", "content": args.prompt or ""}]
+    else:
+        prompt = args.prompt or ""
+    kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+              seed=args.seed, speculative=not args.no_draft, num_speculative_tokens=args.num_speculative_tokens,
+              stop=args.stop, exact=args.exact)
+    if args.json:
+        g = engine.generate(prompt, **kw)
+        print(json.dumps({"tokens": g.tokens, "text": g.text, "stats": g.stats()}))
+        return 0
+    for piece in engine.stream(prompt, **kw):
+        print(piece, end="", flush=True)
+    print()
+    return 0
+
+
+def cmd_bench(args) -> int:
+    """Plain against drafted on a prompt file; prints a table, optionally writes JSON and a plot."""
+    from dflash_iree.runtime.bench import format_table, plot, read_prompts, run_bench
+
+    engine = _load_engine(args)
+    prompts = read_prompts(args.prompts, args.limit)
+    result = run_bench(engine, prompts, args.max_new_tokens, args.temperature, args.seed, args.runs,
+                       log=None if args.quiet else lambda m: print(m, file=sys.stderr))
+    print(format_table(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    if args.plot:
+        plot(result, args.plot)
+    return 0 if result["same_tokens"] else 1
+
+
+def cmd_demo(args) -> int:
+    """One held-out code prompt, plain and drafted: text, τ, tok/s, and whether the tokens agree."""
+    from dflash_iree.runtime.bench import read_prompts
+
+    engine = _load_engine(args)
+    prompt = read_prompts(args.prompts)[args.index]
+    engine.generate(prompt, 8)  # warm-up: first calls pay one-time setup
+    plain = engine.generate(prompt, args.max_new_tokens, speculative=False)
+    drafted = engine.generate(prompt, args.max_new_tokens)
+    print(prompt if isinstance(prompt, str) else engine.codec.decode(prompt), end="")
+    print(drafted.text if drafted.text is not None else drafted.tokens)
+    print("-" * 60)
+    print(f"plain : {plain.decode_tok_s:7.1f} tok/s")
+    print(f"dflash: {drafted.decode_tok_s:7.1f} tok/s   tau {drafted.tau_mean:.2f} over {len(drafted.accepted)} rounds"
+          f"   speedup {drafted.decode_tok_s / max(plain.decode_tok_s, 1e-9):.2f}x")
+    print(f"same tokens as plain decoding: {'yes' if drafted.tokens == plain.tokens else 'NO'}")
+    return 0 if drafted.tokens == plain.tokens else 1
+
+
+def _runtime_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--artifacts", default="compiled/host", help="folder written by dflash-iree compile")
+    p.add_argument("--target", help="target checkpoint folder (default: the one in the manifest)")
+    p.add_argument("--drafter", help="drafter checkpoint folder (default: the one in the manifest)")
+    p.add_argument("--device", help="IREE device: local-task, cuda, cuda://1, hip (default: the arch's)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dflash-iree", description="AOT-compiled DFlash speculative decoding on IREE")
     sub = p.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="decode with compiled artifacts (plain or DFlash)")
+    _runtime_arguments(g)
+    g.add_argument("--prompt", help="prompt text")
+    g.add_argument("--prompt-ids", help="prompt token ids, space or comma separated")
+    g.add_argument("--chat", action="store_true", help="render --prompt as a user message with the chat template")
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--num-speculative-tokens", type=int, help="draft depth, 1..block_size-1 (default: all)")
+    g.add_argument("--stop", action="append", help="stop string (repeatable)")
+    g.add_argument("--no-draft", action="store_true", help="plain decoding")
+    g.add_argument("--exact", action="store_true", help="plain decoding through the verify graph (bit-exact vs drafted)")
+    g.add_argument("--json", action="store_true", help="print tokens, text and stats as JSON")
+    g.set_defaults(func=cmd_generate)
+
+    b = sub.add_parser("bench", help="plain against drafted on a prompt file, alternated A B A B")
+    _runtime_arguments(b)
+    b.add_argument("--prompts", required=True, help="JSONL file with a \"prompt\" field per line")
+    b.add_argument("--limit", type=int, help="use the first N prompts")
+    b.add_argument("--temperature", type=float, default=0.0)
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--runs", type=int, default=1)
+    b.add_argument("--json", help="write the results as JSON to this file")
+    b.add_argument("--plot", help="draw the τ histogram and tok/s to this PNG (needs matplotlib)")
+    b.add_argument("--quiet", action="store_true", help="no per-prompt lines")
+    b.set_defaults(func=cmd_bench)
+
+    d = sub.add_parser("demo", help="one held-out prompt, plain and drafted: text, τ and tok/s")
+    _runtime_arguments(d)
+    d.add_argument("--prompts", default="bench/prompts/code.jsonl")
+    d.add_argument("--index", type=int, default=0, help="which prompt of the file")
+    d.set_defaults(func=cmd_demo)
 
     e = sub.add_parser("eager", help="decode with the eager PyTorch reference (plain or DFlash)")
     e.add_argument("--target", required=True, help="Qwen3 checkpoint folder")

@@ -241,6 +241,11 @@ def export_module(pair: Pair, shapes: ExportShapes, sampled: bool = True, log=No
     log = log or (lambda msg: None)
     aot.externalize_module_parameters(pair.target, external_scope=TARGET_SCOPE)
     aot.externalize_module_parameters(pair.drafter, external_scope=DRAFTER_SCOPE)
+    # A tied tensor (lm_head.weight is model.embed_tokens.weight) was tagged under each of its names,
+    # the last one winning; bind it by the first, the key a tied checkpoint stores.
+    for scope, module in ((TARGET_SCOPE, pair.target), (DRAFTER_SCOPE, pair.drafter)):
+        for name, param in module.named_parameters():
+            ExternalTensorTrait(scope, name).set(param)
     # The caches are non-persistent buffers: tag them so the importer emits a global without
     # reading their (meta) data; _finish_globals then gives them a zero initializer.
     ExternalTensorTrait(_STATE_SCOPE, "target.kv_cache").set(pair.target.kv_cache)

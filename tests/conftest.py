@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -33,3 +34,13 @@ def tied_target_dir(tiny_dir) -> Path:
 def drafter_dir(tiny_dir, target_dir) -> Path:
     """Random float32 DFlash drafter for target_dir: block 8, 2 layers, taps (0, 2), mask id 511."""
     return make_drafter(tiny_dir / "drafter", target_dir)
+
+
+@pytest.fixture(scope="session")
+def host_artifacts(tmp_path_factory, target_dir, drafter_dir) -> Path:
+    """The tiny pair compiled for the host CPU (block 8, max_context 256, float32), once per session."""
+    from dflash_iree.export.compile import Progress, compile_artifacts
+
+    out = tmp_path_factory.mktemp("compiled") / "host"
+    compile_artifacts("host", target_dir, drafter_dir, out, max_context=256, log=Progress(open(os.devnull, "w")))
+    return out

@@ -1,0 +1,158 @@
+"""The compiled path on the host CPU: compiled dflash == compiled plain == eager, the scripted drafter
+and planted control through the runtime, the transfer contract, repeat requests, refusals."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+from safetensors.torch import load_file, save_file
+from test_exactness import BLOCK, PROMPTS, SAMPLINGS, ScriptedDrafter, broken_accept
+
+from dflash_iree.acceptance import accept_length
+from dflash_iree.errors import DFlashError
+from dflash_iree.export.load import load_pair
+from dflash_iree.export.reference import generate_plain
+from dflash_iree.runtime.engine import Engine
+
+
+@pytest.fixture(scope="module")
+def engine(host_artifacts):
+    return Engine.load(host_artifacts)
+
+
+@pytest.fixture(scope="module")
+def eager(target_dir, drafter_dir):
+    return load_pair(target_dir, drafter_dir, 256)
+
+
+def _kw(s):
+    return dict(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed)
+
+
+@pytest.mark.parametrize("name", ["greedy", "t1-seed3"])
+@pytest.mark.parametrize("max_new_tokens", [4, 90], ids=["short", "long"])
+def test_compiled_dflash_equals_plain_equals_eager(engine, eager, name, max_new_tokens):
+    s = SAMPLINGS[name]
+    for prompt in PROMPTS:
+        ref = generate_plain(eager[0], prompt, max_new_tokens, s).tokens
+        plain = engine.generate(prompt, max_new_tokens, speculative=False, **_kw(s))
+        drafted = engine.generate(prompt, max_new_tokens, **_kw(s))
+        assert plain.tokens == ref
+        assert drafted.tokens == ref
+        assert len(drafted.accepted) >= 1 and sum(drafted.histogram) == len(drafted.accepted)
+
+
+def test_exact_mode_equals_plain(engine):
+    for prompt in PROMPTS:
+        assert engine.generate(prompt, 30, speculative=False, exact=True).tokens == \
+            engine.generate(prompt, 30, speculative=False).tokens
+
+
+def _scripted(engine, eager, accept, sampling):
+    failures = []
+    prompt = PROMPTS[0]
+    plan = [0, 3, 7, 1, 6, 2, 5, 4]
+    needed = sum(a + 1 for a in plan) + BLOCK
+    truth = list(prompt) + generate_plain(eager[0], prompt, needed, sampling).tokens
+    gen = engine.generate(prompt, needed - BLOCK, proposer=ScriptedDrafter(truth, plan), accept=accept, **_kw(sampling))
+    if gen.tokens != truth[len(prompt):len(prompt) + needed - BLOCK]:
+        failures.append("tokens differ from plain")
+    if gen.accepted[: len(plan)] != plan:
+        failures.append(f"measured accepted {gen.accepted[:len(plan)]} != planted {plan}")
+    return failures
+
+
+@pytest.mark.parametrize("name", ["greedy", "t1-seed3"])
+def test_scripted_drafter_through_compiled_path(engine, eager, name):
+    assert _scripted(engine, eager, accept_length, SAMPLINGS[name]) == []
+
+
+def test_planted_control_fails_through_compiled_path(engine, eager):
+    failures = _scripted(engine, eager, broken_accept, SAMPLINGS["greedy"])
+    assert "tokens differ from plain" in failures and any("measured accepted" in f for f in failures)
+
+
+def test_only_token_ids_cross_to_the_host(engine):
+    """Per round: draft ids [B-1] and chosen tokens [B], int64; never logits or taps."""
+    before = engine.module.host_bytes
+    gen = engine.generate(PROMPTS[1], 60)
+    per_round = (engine.module.host_bytes - before) / len(gen.accepted)
+    assert per_round <= 8 * (2 * BLOCK - 1) + 8  # the prefill's first token spread over the rounds
+
+
+def test_repeat_requests_equal_fresh_engines(engine, host_artifacts):
+    a1 = engine.generate(PROMPTS[1], 40, temperature=1.0, seed=5).tokens
+    b1 = engine.generate(PROMPTS[0], 40).tokens
+    a2 = Engine.load(host_artifacts).generate(PROMPTS[1], 40, temperature=1.0, seed=5).tokens
+    b2 = Engine.load(host_artifacts).generate(PROMPTS[0], 40).tokens
+    assert (a1, b1) == (a2, b2)
+
+
+def test_num_speculative_tokens(engine):
+    gen = engine.generate(PROMPTS[0], 30, num_speculative_tokens=3)
+    assert gen.block_size == 4 and gen.tokens == engine.generate(PROMPTS[0], 30, speculative=False).tokens
+    with pytest.raises(DFlashError, match="num_speculative_tokens 8 is out of range: use 1..7"):
+        engine.generate(PROMPTS[0], 30, num_speculative_tokens=8)
+
+
+def test_over_long_request_refused(engine):
+    with pytest.raises(DFlashError, match="exceeds the artifact's max_context 256"):
+        engine.generate(list(range(200)), 60)
+
+
+def test_stop_token_ids(engine):
+    full = engine.generate(PROMPTS[1], 40).tokens
+    stop = full[12]
+    gen = engine.generate(PROMPTS[1], 40, stop=[stop])
+    assert gen.tokens == full[: full.index(stop) + 1]
+
+
+def test_arch_device_mismatch_refused(host_artifacts, tmp_path):
+    arts = shutil.copytree(host_artifacts, tmp_path / "sm89")
+    m = json.loads((arts / "manifest.json").read_text())
+    m["arch"] = "sm_89"
+    (arts / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(DFlashError, match="compiled for sm_89, which runs on the 'cuda' driver, not on 'hip'"):
+        Engine.load(arts, device="hip")
+
+
+def test_checkpoint_mismatch_lists_every_key(host_artifacts, target_dir, tmp_path):
+    bad = shutil.copytree(target_dir, tmp_path / "t")
+    tensors = load_file(str(bad / "model.safetensors"))
+    del tensors["model.layers.0.mlp.up_proj.weight"]
+    tensors["model.norm.weight"] = tensors["model.norm.weight"][:10].clone()
+    save_file(tensors, str(bad / "model.safetensors"))
+    with pytest.raises(DFlashError) as e:
+        Engine.load(host_artifacts, target=str(bad))
+    assert "model.layers.0.mlp.up_proj.weight: missing" in str(e.value)
+    assert "model.norm.weight: expected shape [64], found [10]" in str(e.value)
+
+
+def test_dtype_only_mismatch_names_the_compile_flag(host_artifacts, target_dir, tmp_path):
+    bad = shutil.copytree(target_dir, tmp_path / "t16")
+    tensors = {k: v.half() for k, v in load_file(str(bad / "model.safetensors")).items()}
+    save_file(tensors, str(bad / "model.safetensors"))
+    with pytest.raises(DFlashError, match="recompile with --dtype f16"):
+        Engine.load(host_artifacts, target=str(bad))
+
+
+def test_cli_generate_json_and_refusals(host_artifacts, tmp_path):
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "dflash_iree", "generate", "--artifacts", *args],
+                              capture_output=True, text=True, timeout=300)
+
+    ok = run(str(host_artifacts), "--prompt-ids", "7 300 12", "--max-new-tokens", "10", "--json")
+    assert ok.returncode == 0, ok.stderr
+    out = json.loads(ok.stdout)
+    plain = json.loads(run(str(host_artifacts), "--prompt-ids", "7 300 12", "--max-new-tokens", "10", "--json",
+                           "--no-draft").stdout)
+    assert out["tokens"] == plain["tokens"] and out["stats"]["tau_mean"] >= 1
+    missing = run(str(tmp_path / "nothing"), "--prompt-ids", "1")
+    assert missing.returncode == 2 and "manifest.json does not exist" in missing.stderr
+    assert "Traceback" not in missing.stderr
+    long = run(str(host_artifacts), "--prompt-ids", " ".join(["1"] * 250), "--max-new-tokens", "10")
+    assert long.returncode == 2 and "exceeds the artifact's max_context" in long.stderr
