@@ -219,6 +219,19 @@ _BODIES = {f.__name__: f for f in (prefill, prefill_sampled, verify, verify_samp
                                    absorb, draft)}
 
 
+def _linear_2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """aten.linear as a 2-D matmul against the transposed weight.
+
+    torch-mlir lowers a linear on [S, T, H] to a weight transpose, a broadcast and a batch_matmul.
+    IREE cannot fold that transpose into the matmul, so it hoists a transposed copy of every weight
+    into a module initializer (tens of GiB for 8B shapes, once per entry point that uses it) or, with
+    hoisting off, transposes every weight on every call. As [S*T, H] @ W^T the transpose folds into
+    the matmul and the parameters are read in place.
+    """
+    y = torch.mm(x.reshape(-1, x.shape[-1]), weight.t()).reshape(*x.shape[:-1], weight.shape[0])
+    return y if bias is None else y + bias
+
+
 def _example(spec: TensorSpec, dims: dict[str, torch.export.Dim]):
     """A meta example tensor (dynamic dims at size 2) and its dynamic-shape entry."""
     shape = [2 if isinstance(d, str) else d for d in spec.shape]
@@ -254,11 +267,13 @@ def export_module(pair: Pair, shapes: ExportShapes, sampled: bool = True, log=No
     dims = {name: torch.export.Dim(name, min=d["min"], max=d["max"]) for name, d in shapes.dims.items()}
     entries = entry_points(shapes, sampled)
     fxb = aot.FxProgramsBuilder(pair)
-    for entry in entries:
-        examples = [_example(a, dims) for a in entry.args]
-        fxb.export_program(_BODIES[entry.name], name=entry.name, args=tuple(e for e, _ in examples),
-                           dynamic_shapes=tuple(d for _, d in examples), strict=False)
-        log(f"export: traced {entry.name}")
+    with aot.decompositions.extend_aot_decompositions() as table:
+        table[torch.ops.aten.linear.default] = _linear_2d
+        for entry in entries:
+            examples = [_example(a, dims) for a in entry.args]
+            fxb.export_program(_BODIES[entry.name], name=entry.name, args=tuple(e for e, _ in examples),
+                               dynamic_shapes=tuple(d for _, d in examples), strict=False)
+            log(f"export: traced {entry.name}")
     output = aot.export(fxb, module_name="dflash", import_symbolic_shape_expressions=True)
     _finish_globals(output.mlir_module)
     log(f"import: {len(entries)} entry points in one MLIR module")
