@@ -7,3 +7,11 @@ checkpoint reading, the acceptance rule, errors, and the CLI.
 """
 
 __version__ = "0.1.0"
+
+# In a bare checkout (no install: the device machines), let `dflash_iree.export`, `.runtime` and
+# `.kernels` resolve to the root folders, as pyproject's package-dir does for an install.
+from pathlib import Path as _Path
+
+_root = _Path(__file__).resolve().parent.parent
+if (_root / "pyproject.toml").is_file() and (_root / "runtime" / "__init__.py").is_file():
+    __path__.append(str(_root))

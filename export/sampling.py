@@ -76,12 +76,18 @@ def _threshold(scores: torch.Tensor, enough) -> torch.Tensor:
 
 
 def argmax(x: torch.Tensor) -> torch.Tensor:
-    """torch.argmax(x, -1) (the first index of the maximum) as int64, computed with an int32 index
-    reduction: IREE 3.13's GPU codegen fails on its arg_compare lowering of torch.argmax for many
-    vocabulary sizes (512, 4096, 152064, 248320, ...) and on every int64 reduction for CUDA.
-    A row holding NaN gives x.shape[-1] instead of the NaN's index."""
-    iota = torch.arange(x.shape[-1], dtype=torch.int32, device=x.device)
-    return torch.where(x == x.amax(-1, keepdim=True), iota, x.shape[-1]).amin(-1).to(torch.int64)
+    """torch.argmax(x, -1) (the first index of the maximum) as int64, from max reductions.
+
+    IREE 3.13's GPU codegen fails to compile torch.argmax's arg_compare for many vocabulary sizes
+    (512, 4096, 152064, 248320, ...), and on CUDA an int32 *min* reduction over the indices compiled
+    but returned -1 everywhere (seen on the H200: its initial value acts as -1). So the index comes
+    from an int32 max over non-negative scores, max(where(x == max, V - i, 0)). A row holding NaN
+    gives V.
+    """
+    V = x.shape[-1]
+    reverse = V - torch.arange(V, dtype=torch.int32, device=x.device)  # V .. 1: the first index scores highest
+    best = torch.where(x == x.amax(-1, keepdim=True), reverse, torch.zeros_like(reverse)).amax(-1)
+    return (V - best).to(torch.int64)
 
 
 def choose_tokens(logits: torch.Tensor, positions: torch.Tensor, sampling: Sampling | None) -> torch.Tensor:

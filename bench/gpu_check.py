@@ -1,0 +1,156 @@
+"""Exactness and speed of the compiled runtime on a GPU (the lent H200), against the eager CPU reference.
+
+    python bench/gpu_check.py prepare --arch sm_89            # here: checkpoints, artifacts, eager tokens
+    PYTHONPATH=. python bench/gpu_check.py run --device cuda --json OUT.json   # on the GPU machine
+    python bench/gpu_check.py report OUT.json                 # here: top-2 margins at divergences, table
+
+`prepare` writes `.gpu/` (git-ignored; carry it to the device): a tiny float32 pair, both pairs
+compiled for the arch, and the eager reference's tokens for the tiny pair. `run` needs only
+iree.runtime and NumPy. It checks:
+- tiny float32 pair: compiled-on-GPU plain, exact and drafted tokens == eager-on-CPU tokens,
+  greedy and seeded T=1, short and long;
+- the demo pair (bf16): drafted against plain through the verify graph (`exact`, must be equal
+  bit for bit) and against plain through the decode graph (normal mode: the first divergence is
+  reported; `report` adds the target's top-2 logit margin there, from the float32 eager model);
+- the demo pair's speed: `dflash-iree bench`'s plain and drafted arms, alternated, greedy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+WORK = ROOT / ".gpu"
+TINY_PROMPTS = [[7, 300, 12, 99, 5], list(range(40, 73)), [200]]
+TINY_CASES = [("greedy", 0.0, 0), ("t1-seed3", 1.0, 3)]
+LENGTHS = (4, 90)
+
+
+def prepare(arch: str) -> None:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from tiny import make_drafter, make_target
+
+    from dflash_iree.export.compile import compile_artifacts
+    from dflash_iree.export.load import load_target
+    from dflash_iree.export.reference import SamplingConfig, generate_plain
+
+    WORK.mkdir(exist_ok=True)
+    target, drafter = WORK / "tiny" / "target", WORK / "tiny" / "drafter"
+    if not target.exists():
+        make_target(target)
+        make_drafter(drafter, target)
+    compile_artifacts(arch, target, drafter, WORK / f"tiny-{arch}", max_context=256)
+    compile_artifacts(arch, ROOT / "models/demo/target", ROOT / "models/demo/drafter", WORK / f"demo-{arch}",
+                      max_context=512)
+    eager = load_target(target, 256)
+    expected = {}
+    for name, t, seed in TINY_CASES:
+        for n in LENGTHS:
+            for i, p in enumerate(TINY_PROMPTS):
+                expected[f"{name}/{n}/{i}"] = generate_plain(eager, p, n, SamplingConfig(t, seed=seed)).tokens
+    (WORK / "expected.json").write_text(json.dumps({"arch": arch, "tokens": expected}))
+
+
+def _first_div(a, b):
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
+
+
+def run(device: str, out: str, n_prompts: int, max_new_tokens: int, runs: int, tiny_only: bool = False) -> None:
+    from dflash_iree.runtime.bench import read_prompts, run_bench
+    from dflash_iree.runtime.engine import Engine
+
+    exp = json.loads((WORK / "expected.json").read_text())
+    arch = exp["arch"]
+    result = {"device": device, "arch": arch, "tiny": [], "demo": []}
+    t0 = time.time()
+    tiny = Engine.load(WORK / f"tiny-{arch}", WORK / "tiny/target", WORK / "tiny/drafter", device)
+    for name, t, seed in TINY_CASES:
+        for n in LENGTHS:
+            for i, p in enumerate(TINY_PROMPTS):
+                want = exp["tokens"][f"{name}/{n}/{i}"]
+                got = {mode: tiny.generate(p, n, temperature=t, seed=seed, **kw).tokens for mode, kw in
+                       (("plain", dict(speculative=False)), ("exact", dict(speculative=False, exact=True)),
+                        ("dflash", {}))}
+                result["tiny"].append({"case": f"{name}/{n}/{i}", **{m: got[m] == want for m in got},
+                                       "first_div": {m: _first_div(got[m], want) for m in got}})
+    if tiny_only:
+        Path(out).write_text(json.dumps(result) + "\n")
+        print(summary(result))
+        return
+    demo = Engine.load(WORK / f"demo-{arch}", ROOT / "models/demo/target", ROOT / "models/demo/drafter", device)
+    prompts = read_prompts(ROOT / "bench/prompts/code.jsonl", n_prompts)
+    for i, p in enumerate(prompts):
+        plain = demo.generate(p, max_new_tokens, speculative=False).tokens
+        exact = demo.generate(p, max_new_tokens, speculative=False, exact=True).tokens
+        d = demo.generate(p, max_new_tokens)
+        result["demo"].append({"prompt": i, "prompt_ids": demo.encode_prompt(p), "plain": plain, "exact": exact,
+                               "dflash": d.tokens, "exact_equal": exact == d.tokens,
+                               "plain_first_div": _first_div(plain, d.tokens), "tau_mean": d.tau_mean})
+    result["bench"] = run_bench(demo, prompts, max_new_tokens, runs=runs, log=None)
+    result["wall_s"] = time.time() - t0
+    Path(out).write_text(json.dumps(result) + "\n")
+    print(summary(result))
+
+
+def summary(result: dict) -> str:
+    tiny = result["tiny"]
+    lines = [f"{result['device']} ({result['arch']}): tiny float32 pair, {len(tiny)} cases: "
+             + ", ".join(f"{m} == eager {sum(c[m] for c in tiny)}/{len(tiny)}" for m in ("plain", "exact", "dflash"))]
+    demo = result["demo"]
+    if not demo:
+        return lines[0]
+    lines.append(f"demo pair (bf16), {len(demo)} prompts: dflash == exact plain {sum(d['exact_equal'] for d in demo)}"
+                 f"/{len(demo)}; dflash == plain (decode graph) {sum(d['plain_first_div'] is None for d in demo)}/{len(demo)}")
+    b = result["bench"]
+    lines.append(f"demo speed: plain {b['plain']['decode_tok_s']['median']:.1f} tok/s, dflash "
+                 f"{b['dflash']['decode_tok_s']['median']:.1f} tok/s, speedup {b['speedup']:.2f}x, tau {b['dflash']['tau_mean']:.2f}")
+    return "\n".join(lines)
+
+
+def report(path: str) -> None:
+    """Add the target's float32 top-2 margin at every plain/drafted divergence of the demo pair."""
+    from dflash_iree.export.load import load_target
+    from dflash_iree.export.reference import top2_margin
+
+    result = json.loads(Path(path).read_text())
+    target = load_target(ROOT / "models/demo/target", 512, dtype="f32")
+    for d in result["demo"]:
+        i = d["plain_first_div"]
+        d["plain_div_margin"] = None if i is None else top2_margin(target, d["prompt_ids"] + d["dflash"][:i])
+    Path(path).write_text(json.dumps(result) + "\n")
+    print(summary(result))
+    margins = [d["plain_div_margin"] for d in result["demo"] if d["plain_div_margin"] is not None]
+    if margins:
+        print(f"decode-graph divergences: {len(margins)}, top-2 margin there (f32 logits): max {max(margins):.4f}, "
+              f"median {sorted(margins)[len(margins) // 2]:.4f}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("prepare")
+    a.add_argument("--arch", default="sm_89")
+    r = sub.add_parser("run")
+    r.add_argument("--device", default="cuda")
+    r.add_argument("--json", required=True)
+    r.add_argument("--prompts", type=int, default=16)
+    r.add_argument("--max-new-tokens", type=int, default=128)
+    r.add_argument("--runs", type=int, default=2)
+    r.add_argument("--tiny-only", action="store_true", help="only the tiny float32 pair")
+    s = sub.add_parser("report")
+    s.add_argument("json")
+    args = p.parse_args()
+    if args.cmd == "prepare":
+        prepare(args.arch)
+    elif args.cmd == "run":
+        run(args.device, args.json, args.prompts, args.max_new_tokens, args.runs, args.tiny_only)
+    else:
+        report(args.json)
+
+
+if __name__ == "__main__":
+    main()
