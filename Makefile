@@ -1,9 +1,9 @@
-# dflash-iree: `make setup`, `make test`.
+# dflash-iree: `make demo`, `make test`; `make setup`, `make compile`, `make records`, `make kernels`.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup test clean
+.PHONY: setup test demo clean
 
 setup: $(VENV)/.installed
 
@@ -16,6 +16,15 @@ $(VENV)/.installed: pyproject.toml
 
 test: setup
 	$(PY) -m pytest -q
+
+# Compile the demo pair for the host CPU (once; again when a source or the pair changes), then decode a
+# held-out code prompt plain and with DFlash: the text, tau and tok/s of each.
+DEMO_ARTIFACTS := compiled/host/manifest.json
+$(DEMO_ARTIFACTS): $(VENV)/.installed $(wildcard export/*.py models/demo/*/config.json)
+	$(PY) -m dflash_iree compile --arch host --target models/demo/target --drafter models/demo/drafter
+
+demo: $(DEMO_ARTIFACTS)
+	$(PY) -m dflash_iree demo --artifacts compiled/host
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -30,6 +30,7 @@ from dflash_iree.errors import DFlashError
 FORMAT_VERSION = 1
 MODULE_FILE = "dflash.vmfb"
 MANIFEST_FILE = "manifest.json"
+DEFAULT_CONTEXT = 4096
 MIN_CONTEXT = 64
 
 
@@ -131,7 +132,7 @@ class Plan:
 
 
 def plan(target_dir: str | Path, drafter_dir: str | Path, block_size: int | None = None,
-         max_context: int = 4096, dtype: str | None = None, streams: int = 1, sampled: bool = True) -> Plan:
+         max_context: int | None = None, dtype: str | None = None, streams: int = 1, sampled: bool = True) -> Plan:
     """Read and check the two config.json files and the options. Reads no weights, writes nothing.
 
     Raises:
@@ -147,6 +148,8 @@ def plan(target_dir: str | Path, drafter_dir: str | Path, block_size: int | None
         raise DFlashError(f"--block-size {block} is out of range: use 2..{dcfg.block_size} "
                           f"(the drafter's trained block_size)")
     limit = tcfg.max_position_embeddings
+    if max_context is None:  # 4096, or less when the target was trained on less (vLLM's max_model_len default)
+        max_context = min(DEFAULT_CONTEXT, limit - limit % KV_PAGE)
     if not MIN_CONTEXT <= max_context <= limit or max_context % KV_PAGE:
         raise DFlashError(f"--max-context {max_context} is out of range: use a multiple of {KV_PAGE} from "
                           f"{MIN_CONTEXT} to {limit} (the target's max_position_embeddings)")
@@ -414,7 +417,7 @@ def _replace(stage: Path, out: Path) -> None:
 
 
 def compile_artifacts(arch: str, target_dir, drafter_dir, out_dir=None, block_size: int | None = None,
-                      max_context: int = 4096, dtype: str | None = None, streams: int = 1, sampled: bool = True,
+                      max_context: int | None = None, dtype: str | None = None, streams: int = 1, sampled: bool = True,
                       log=None, record: bool = False, use_cache: bool = True) -> dict:
     """The whole `dflash-iree compile`: plan, export (or reuse a cached export), lower. Returns the manifest."""
     log = log or Progress()
