@@ -79,17 +79,13 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Ten
     """
     S, T, Hq, hd = q.shape
     Hkv = k.shape[2]
-    g = Hq // Hkv
-    # The g query heads that share a KV head are rows (t, j) of one matmul against its keys;
-    # broadcasting k and v over g instead makes IREE materialize g copies of the cache rows read.
-    qg = q.reshape(S, T, Hkv, g, hd).permute(0, 2, 1, 3, 4).reshape(S, Hkv, T * g, hd)
-    scores = torch.matmul(qg, k.permute(0, 2, 3, 1)).float() * (hd**-0.5)  # S, Hkv, T*g, N
-    row_pos = torch.arange(T * g, device=q.device) // g
-    rows_visible = visible.index_select(1, row_pos)  # S, T*g, N
-    scores = scores.masked_fill(~rows_visible[:, None], float("-inf"))
+    qg = q.reshape(S, T, Hkv, Hq // Hkv, hd).permute(0, 2, 3, 1, 4)  # S, Hkv, g, T, hd
+    kt = k.permute(0, 2, 3, 1)[:, :, None]  # S, Hkv, 1, hd, N
+    scores = torch.matmul(qg, kt).float() * (hd**-0.5)
+    scores = scores.masked_fill(~visible[:, None, None], float("-inf"))
     probs = torch.softmax(scores, -1).to(v.dtype)
-    out = torch.matmul(probs, v.permute(0, 2, 1, 3))  # S, Hkv, T*g, hd
-    return out.reshape(S, Hkv, T, g, hd).permute(0, 2, 1, 3, 4).reshape(S, T, Hq * hd)
+    out = torch.matmul(probs, v.permute(0, 2, 1, 3)[:, :, None])  # S, Hkv, g, T, hd
+    return out.permute(0, 3, 1, 2, 4).reshape(S, T, Hq * hd)
 
 
 class Attention(nn.Module):
