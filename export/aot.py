@@ -4,7 +4,7 @@ One module holds every entry point of both models, so the target's embedding and
 the drafter uses too) are bound once. What the module looks like from outside:
 
 - Weights are external named parameters, never inlined: scope `target` with the target's
-  safetensors keys, scope `drafter` with the drafter's keys (`externalize_module_parameters`).
+  safetensors keys, scope `drafter` with the drafter's keys (iree-turbine's ExternalTensorTrait).
 - The two KV caches (the target's `kv_cache`, the drafter's `ctx_cache`) are mutable module
   globals initialized to zeros by the module itself: they are neither function arguments (which
   IREE copies in full on every call, shared/notes/iree.md section 3) nor checkpoint parameters.
@@ -252,10 +252,10 @@ def export_module(pair: Pair, shapes: ExportShapes, sampled: bool = True, log=No
     from iree.turbine.aot.tensor_traits import ExternalTensorTrait
 
     log = log or (lambda msg: None)
-    aot.externalize_module_parameters(pair.target, external_scope=TARGET_SCOPE)
-    aot.externalize_module_parameters(pair.drafter, external_scope=DRAFTER_SCOPE)
-    # A tied tensor (lm_head.weight is model.embed_tokens.weight) was tagged under each of its names,
-    # the last one winning; bind it by the first, the key a tied checkpoint stores.
+    # Parameters are external, named by their checkpoint keys: what aot.externalize_module_parameters
+    # does, except that it tags a tied tensor (lm_head.weight is model.embed_tokens.weight) under each
+    # of its names, the last one winning; named_parameters() yields it once, under the key a tied
+    # checkpoint stores.
     for scope, module in ((TARGET_SCOPE, pair.target), (DRAFTER_SCOPE, pair.drafter)):
         for name, param in module.named_parameters():
             ExternalTensorTrait(scope, name).set(param)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -296,8 +297,12 @@ def run_iree_compile(mlir: Path, vmfb: Path, flags: list[str], stats: Path, extr
            f"--iree-scheduling-dump-statistics-file={stats}", "-o", str(vmfb)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        tail = "\n".join(proc.stderr.strip().splitlines()[-25:])
-        raise DFlashError(f"iree-compile failed (exit {proc.returncode}):\n{tail}")
+        # The errors, shortened (their target attributes run to kilobytes), and the dispatches named.
+        lines = proc.stderr.splitlines()
+        errors = [line[:240] for line in lines if "error:" in line][:6]
+        dispatches = sorted(set(re.findall(r'sym_name = "([^"]*dispatch[^"]*)"', proc.stderr)))[:6]
+        detail = "\n".join(errors + [f"  in {d}" for d in dispatches]) or "\n".join(lines[-10:])
+        raise DFlashError(f"iree-compile failed (exit {proc.returncode}):\n{detail}")
 
 
 def _stats(path: Path) -> dict:
