@@ -7,6 +7,7 @@ and dtypes before any tensor is touched. Torch-free.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
 from dataclasses import dataclass
@@ -105,3 +106,12 @@ def check_tensors(
     if problems:
         raise DFlashError(f"checkpoint {folder} does not match its config.json:\n" + "\n".join(problems))
     return {k: index[k] for k in expected}
+
+
+def sha256_file(path: str | Path) -> str:
+    """Hex sha256 of a file, read in 1 MiB chunks (manifests record one per artifact file)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

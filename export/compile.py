@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
+from dflash_iree.checkpoint import sha256_file
 from dflash_iree.config import DrafterConfig, TargetConfig, config_hash, load_drafter_config, load_target_config
 from dflash_iree.errors import DFlashError
 
@@ -261,13 +262,6 @@ def export_cached(p: Plan, work: Path, log=None, use_cache: bool = True) -> Path
     return path
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
 
 def _version(dist: str) -> str | None:
     try:
@@ -393,7 +387,7 @@ def lower(p: Plan, arch_name: str, mlir: str | Path, out_dir: str | Path, log=No
         stats_file.unlink()
         log(f"compile: {arch.name} done in {compile_s:.1f}s: {vmfb.stat().st_size / 2**20:.2f} MiB, "
             f"{stats['executables']} executables, {stats['dispatches']} dispatches")
-        files = {MODULE_FILE: _sha256(vmfb)}
+        files = {MODULE_FILE: sha256_file(vmfb)}
         stats["module_bytes"] = vmfb.stat().st_size
         m = manifest(p, arch, flags, stats, files, arch_name, note, compile_s)
         (stage / MANIFEST_FILE).write_text(json.dumps(m, indent=1) + "\n")

@@ -19,7 +19,7 @@ from typing import Protocol
 
 import torch
 
-from dflash_iree.acceptance import accept_length, commit_round, tau_histogram
+from dflash_iree.acceptance import RoundStats, accept_length, commit_round
 from dflash_iree.errors import DFlashError
 
 from .dflash import DFlashDrafter
@@ -57,7 +57,7 @@ class SamplingConfig:
 
 
 @dataclass
-class Generation:
+class Generation(RoundStats):
     """Result of one request.
 
     tokens: the new token ids (stop token included when one ended generation).
@@ -71,20 +71,6 @@ class Generation:
     block_size: int = 1
     ttft_ms: float = 0.0
     decode_s: float = 0.0
-
-    @property
-    def tau(self) -> list[int]:
-        """Acceptance length per round: accepted + 1 (the bonus token counted)."""
-        return [a + 1 for a in self.accepted]
-
-    @property
-    def tau_mean(self) -> float:
-        return sum(self.tau) / len(self.tau) if self.tau else 0.0
-
-    @property
-    def histogram(self) -> list[int]:
-        """Rounds per tau = 1..block_size."""
-        return tau_histogram(self.accepted, self.block_size)
 
 
 class Proposer(Protocol):

@@ -12,12 +12,11 @@ checkpoint (scopes `target` and `drafter`), memory-mapped, never copied through 
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from dflash_iree.checkpoint import index_checkpoint
+from dflash_iree.checkpoint import index_checkpoint, sha256_file
 from dflash_iree.errors import DFlashError
 
 FORMAT_VERSION = 1
@@ -34,13 +33,6 @@ def arch_driver(arch: str) -> str:
         return "hip"
     raise DFlashError(f"unknown arch '{arch}' in the manifest; recompile with dflash-iree compile")
 
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 @dataclass
@@ -71,7 +63,7 @@ class Artifacts:
             f = folder / name
             if not f.is_file():
                 raise DFlashError(f"{f} is missing (listed in {path}); recompile the artifacts")
-            if _sha256(f) != digest:
+            if sha256_file(f) != digest:
                 raise DFlashError(f"{f}: sha256 differs from {path}; the file was changed or half written, recompile")
         return cls(folder, manifest)
 

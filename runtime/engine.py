@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dflash_iree.acceptance import accept_length, commit_round, tau_histogram
+from dflash_iree.acceptance import RoundStats, accept_length, commit_round
 from dflash_iree.errors import DFlashError
 
 from .artifacts import Artifacts, open_device
@@ -32,7 +32,7 @@ from .text import StreamDecoder, TextCodec, find_stop
 
 
 @dataclass
-class GenerationResult:
+class GenerationResult(RoundStats):
     """What `Engine.generate` returns.
 
     tokens: new token ids (a stop token that ended generation is included).
@@ -51,20 +51,6 @@ class GenerationResult:
     ttft_ms: float = 0.0
     decode_s: float = 0.0
     draft_topk: list = field(default_factory=list)
-
-    @property
-    def tau(self) -> list[int]:
-        """Acceptance length per round: accepted + 1, the bonus token counted."""
-        return [a + 1 for a in self.accepted]
-
-    @property
-    def tau_mean(self) -> float:
-        return sum(self.tau) / len(self.tau) if self.tau else 0.0
-
-    @property
-    def histogram(self) -> list[int]:
-        """Rounds per tau = 1..block_size."""
-        return tau_histogram(self.accepted, self.block_size) if self.accepted else []
 
     @property
     def decode_tok_s(self) -> float:
