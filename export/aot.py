@@ -276,8 +276,18 @@ def export_module(pair: Pair, shapes: ExportShapes, sampled: bool = True, log=No
             log(f"export: traced {entry.name}")
     output = aot.export(fxb, module_name="dflash", import_symbolic_shape_expressions=True)
     _finish_globals(output.mlir_module)
+    _strip_locations(output.mlir_module)
     log(f"import: {len(entries)} entry points in one MLIR module")
     return output, entries
+
+
+def _strip_locations(module_op) -> None:
+    """Drop source locations: they hold absolute paths (the checkout, site-packages) that iree-compile
+    embeds in the .vmfb, so the same sources in another folder would give another sha256."""
+    from iree.compiler.passmanager import PassManager
+
+    with module_op.context:
+        PassManager.parse("builtin.module(strip-debuginfo)").run(module_op.operation)
 
 
 def _finish_globals(module_op) -> None:
