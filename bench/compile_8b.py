@@ -68,7 +68,6 @@ def main() -> int:
                 "dispatches": m["stats"]["dispatches"],
                 "flags": m["flags"],
             }
-        result["iree_compile_peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)
     result["machine"]["load_at_end"] = os.getloadavg()
     result["versions"] = m["versions"]
 

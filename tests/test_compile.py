@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from dflash_iree.acceptance import accept_length
+from dflash_iree.checkpoint import sha256_file
 from dflash_iree.cli import main
 from dflash_iree.errors import DFlashError
 from dflash_iree.export import compile as cc
@@ -192,7 +193,7 @@ def test_manifest(host_cli, target_dir, drafter_dir):
         assert all(v["dtype"] == "f32" for v in m["parameters"][scope].values())
     assert set(m["parameters"]["drafter"]) == set(on_disk)  # every drafter tensor is bound
     assert m["state"]["globals"]["target.kv_cache"]["shape"] == [1, 4, 2, CONTEXT, 32]
-    assert cc._sha256(host_cli / "dflash.vmfb") == m["files"]["dflash.vmfb"]
+    assert sha256_file(host_cli / "dflash.vmfb") == m["files"]["dflash.vmfb"]
 
 
 def test_cli_progress_and_summary(host_cli, target_dir, drafter_dir, tmp_path, capsys):
