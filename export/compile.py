@@ -262,7 +262,6 @@ def export_cached(p: Plan, work: Path, log=None, use_cache: bool = True) -> Path
     return path
 
 
-
 def _version(dist: str) -> str | None:
     try:
         return metadata.version(dist)
