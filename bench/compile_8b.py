@@ -66,6 +66,7 @@ def main() -> int:
                 "vmfb_mib": round(m["stats"]["module_bytes"] / 2**20, 2),
                 "executables": m["stats"]["executables"],
                 "dispatches": m["stats"]["dispatches"],
+                "dispatches_per_call": m["stats"]["dispatches_per_call"],
                 "flags": m["flags"],
             }
     result["machine"]["load_at_end"] = os.getloadavg()
@@ -76,12 +77,13 @@ def main() -> int:
     e = result["export"]
     print(f"\nQwen3-8B + DFlash-b16 (block 16, max_context 4096, bf16) on {result['machine']['cpus']} cores "
           f"({result['machine']['cpu']}); export {e['seconds']:.0f} s, once for all archs\n")
-    print("| arch | compile | export + compile | .vmfb | executables | dispatches |")
-    print("|---|---|---|---|---|---|")
+    print("| arch | compile | export + compile | .vmfb | executables | dispatches | per call: decode / verify / draft |")
+    print("|---|---|---|---|---|---|---|")
     for arch, r in result["archs"].items():
         total = e["seconds"] + r["compile_seconds"]
+        call = r["dispatches_per_call"]
         print(f"| {arch} | {r['compile_seconds']:.0f} s | {total:.0f} s ({total / 60:.1f} min) | {r['vmfb_mib']:.2f} MiB "
-              f"| {r['executables']} | {r['dispatches']} |")
+              f"| {r['executables']} | {r['dispatches']} | {call['decode']} / {call['verify']} / {call['draft']} |")
     print(f"\nwritten to {args.json}")
     return 0
 

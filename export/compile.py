@@ -285,8 +285,8 @@ def compile_flags(arch: Arch, record: bool = False) -> list[str]:
 
 
 def run_iree_compile(mlir: Path, vmfb: Path, flags: list[str], stats: Path, extra: list[str] = ()) -> None:
-    """iree-compile MLIR -> vmfb with scheduling statistics (json) written to `stats`."""
-    cmd = [iree_compile_tool(), str(mlir), *flags, *extra, "--iree-scheduling-dump-statistics-format=json",
+    """iree-compile MLIR -> vmfb with scheduling statistics (csv) written to `stats`."""
+    cmd = [iree_compile_tool(), str(mlir), *flags, *extra, "--iree-scheduling-dump-statistics-format=csv",
            f"--iree-scheduling-dump-statistics-file={stats}", "-o", str(vmfb)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -299,11 +299,21 @@ def run_iree_compile(mlir: Path, vmfb: Path, flags: list[str], stats: Path, extr
 
 
 def _stats(path: Path) -> dict:
-    """Executable and dispatch counts from iree-compile's scheduling statistics."""
-    agg = json.loads(path.read_text())["stream-aggregate"]
-    ex = agg["execution"]
-    return {"executables": agg["executable"]["executable-count"], "dispatches": ex["dispatch-count"],
-            "copies": ex["copy-count"], "fills": ex["fill-count"]}
+    """From iree-compile's scheduling statistics (csv): executable, dispatch, copy and fill counts of
+    the whole module, and the dispatches one call of each function runs (static count)."""
+    lines = path.read_text().splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith('"Constants"'))
+    agg = dict(zip(json.loads(f"[{lines[header]}]"), json.loads(f"[{lines[header + 1]}]")))
+    per_call: dict[str, int] = {}
+    function = None
+    for line in lines[header + 2:]:
+        if line.startswith("; "):
+            m = re.search(r"util\.func @([\w$]+)", line)
+            function = m[1].removesuffix("$async") if m else None
+        elif function and ',"dispatch",' in line:
+            per_call[function] = per_call.get(function, 0) + 1
+    return {"executables": agg["Executables"], "dispatches": agg["Dispatches"], "copies": agg["Copies"],
+            "fills": agg["Fills"], "dispatches_per_call": per_call}
 
 
 def _config_entry(cfg) -> dict:
@@ -376,7 +386,7 @@ def lower(p: Plan, arch_name: str, mlir: str | Path, out_dir: str | Path, log=No
     stage.chmod(0o777 & ~umask)  # mkdtemp makes it private; the artifact folder is an ordinary one
     try:
         vmfb = stage / MODULE_FILE
-        stats_file = stage / "stats.json"
+        stats_file = stage / "stats.csv"
         log(f"compile: iree-compile for {arch.name} ({arch.about}) ...")
         t0 = time.perf_counter()
         extra = [f"--dump-compilation-phases-to={dump_phases}"] if dump_phases else []

@@ -388,6 +388,7 @@ def facts(folder: Path) -> dict:
         "parameters": {scope: sorted(keys) for scope, keys in m["parameters"].items()},
         "executables": m["stats"]["executables"],
         "dispatches": m["stats"]["dispatches"],
+        "dispatches_per_call": m["stats"]["dispatches_per_call"],
         "module_sha256": m["files"]["dflash.vmfb"],
     }
 
