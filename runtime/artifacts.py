@@ -121,22 +121,37 @@ class Artifacts:
             DFlashError: listing every missing or mismatched parameter of both checkpoints.
         """
         import iree.runtime as rt
-        import ml_dtypes  # numpy has no bfloat16; ml_dtypes comes with iree-base-runtime
-        import numpy as np
-
-        from .module import CompiledPair
 
         target, drafter = target or self.target_folder, drafter or self.drafter_folder
         problems = self.check_checkpoint("target", target) + self.check_checkpoint("drafter", drafter)
         if problems:
             raise DFlashError(f"the checkpoints do not fit {self.folder}/manifest.json:\n" + "\n".join(problems))
-        instance = rt.VmInstance()
-        providers = []
+        indexes = {}
         for scope, folder in (("target", target), ("drafter", drafter)):
-            index = rt.ParameterIndex()
+            indexes[scope] = rt.ParameterIndex()
             for path in sorted({i.file for i in index_checkpoint(folder).values()}):
-                index.load(str(path))  # memory-mapped
-            providers.append(index.create_provider(scope=scope))
+                indexes[scope].load(str(path))  # memory-mapped
+        return self.bind_indexes(device, indexes)
+
+    def bind_indexes(self, device, indexes: dict):
+        """Load the module on `device` with parameters from prepared `iree.runtime.ParameterIndex`es.
+
+        Args:
+            indexes: scope ("target", "drafter") -> ParameterIndex holding every key of that scope
+                (e.g. `add_buffer` of weights made in memory, as bench/h200_8b.py does). Unchecked:
+                a missing key fails when the module loads.
+
+        Returns:
+            A CompiledPair.
+        """
+        import iree.runtime as rt
+        import ml_dtypes  # numpy has no bfloat16; ml_dtypes comes with iree-base-runtime
+        import numpy as np
+
+        from .module import CompiledPair
+
+        instance = rt.VmInstance()
+        providers = [indexes[scope].create_provider(scope=scope) for scope in ("target", "drafter")]
         vm_module = rt.VmModule.mmap(instance, str(self.vmfb))
         context = rt.VmContext(instance, modules=[rt.create_hal_module(instance, device),
                                                   rt.create_io_parameters_module(instance, *providers), vm_module])
