@@ -1,0 +1,263 @@
+"""Splice custom dispatches into the exported module: the one place where that happens.
+
+The export (export/aot.py) is arch-neutral and cached: a custom kernel appears in it as a torch op
+that the compiler cannot lower by itself (a `torch.operator "torch.dflash.<op>"`, or any torch op
+that a kernel should replace). `export/compile.py lower()` runs `splice_file` once per arch between
+the export and iree-compile: it reads the exported module, replaces each such op with a call of a
+function built for that arch and shape, and writes the spliced copy into the compile's temporary
+stage folder; iree-compile then compiles the copy with the extra flags the splices returned.
+
+A splice is a function `(module, arch) -> list[str] | None` in `SPLICES`: it rewrites the module in
+place and returns the iree-compile flags its functions need, or None when it found nothing to
+replace. What the splices share:
+
+- `add_functions(module, text)`: parse MLIR module-body text (functions, `hal.executable.source`
+  ops, ...) and move its top-level ops into the module; symbols already present are kept, not
+  doubled, so a function named per shape is added once however many ops call it.
+- `replace_with_call(op, callee, operands=None, result_types=None)`: replace a torch op by
+  `util.call @callee`. Torch
+  operands are converted with `torch_c.to_builtin_tensor`, the call's results back with
+  `torch_c.from_builtin_tensor`, and the op's uses take the converted results. IREE's torch input
+  pipeline accepts `util.call` of a `util.func private` beside the torch ops of a `func.func`.
+- `find_ops(module, name, custom=...)`: the ops to replace, in module order.
+- `builtin_type(torch_type)`: the builtin tensor type of a `!torch.vtensor` (signed and unsigned
+  integers become signless, as `torch_c.to_builtin_tensor` does).
+
+The splices:
+
+- `splice_topk`: `torch.operator "torch.dflash.topk_logprobs"(logits [n, V] f32, temperature []
+  f32, k)` (the custom op of export/ops.py) -> the draft top-K dispatch of kernels/topk.py,
+  `topk_dispatch(n, V, k, arch)`, one per shape, named `dflash_topk_{n}x{V}x{k}`.
+
+Needs the compile extra (iree-base-compiler's MLIR bindings), not torch.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+from dflash_iree.errors import DFlashError
+
+TOPK_OP = "torch.dflash.topk_logprobs"  # what the FX importer names the custom op of export/ops.py
+
+_TORCH_TENSOR = re.compile(r"!torch\.vtensor<\[([^\]]*)\],([a-z]+[0-9]*)>")
+_ELEMENT = {"si8": "i8", "si16": "i16", "si32": "i32", "si64": "i64", "ui8": "i8", "i1": "i1"}
+
+
+def builtin_type(torch_type) -> str:
+    """The builtin tensor type (text) of a `!torch.vtensor<[d0,d1,...],dtype>` type.
+
+    Unknown dims (`?`, or -1 as some printers write them) stay dynamic; `si*`/`ui*` elements become
+    signless `i*`. Raises DFlashError for any other type.
+    """
+    m = _TORCH_TENSOR.fullmatch(str(torch_type))
+    if not m:
+        raise DFlashError(f"splice: {torch_type} is not a !torch.vtensor with a known rank and dtype")
+    dims = ["?" if d.strip() in ("?", "-1") else d.strip() for d in m[1].split(",") if d.strip()]
+    return f"tensor<{''.join(d + 'x' for d in dims)}{_ELEMENT.get(m[2], m[2])}>"
+
+
+def static_shape(torch_type) -> list[int]:
+    """The dims of a `!torch.vtensor` type; raises DFlashError when one is dynamic."""
+    dims = builtin_type(torch_type)[len("tensor<"):-1].split("x")[:-1]
+    if "?" in dims:
+        raise DFlashError(f"splice: {torch_type} has a dynamic dim; the kernel needs static shapes")
+    return [int(d) for d in dims]
+
+
+def load(path: str | Path):
+    """Parse an MLIR file (text or bytecode) in a fresh context with IREE's dialects. Returns the module."""
+    from iree.compiler import ir
+
+    ctx = ir.Context()
+    return ir.Module.parse(Path(path).read_bytes(), ctx)
+
+
+def symbols(module) -> set[str]:
+    """Names of the module's top-level symbols."""
+    return {str(op.attributes["sym_name"]).strip('"') for op in module.body.operations
+            if "sym_name" in op.attributes}
+
+
+def add_functions(module, text: str) -> list[str]:
+    """Parse module-body TEXT and move its top-level ops to the top of MODULE, in their order.
+
+    TEXT holds ops as they would stand inside `module { ... }`: `util.func private` functions,
+    `hal.executable.source` ops, and so on; they may refer to each other and to MODULE's symbols
+    only by name. An op whose symbol MODULE already has is dropped (the one there is kept), so a
+    helper named per shape can be added for every op that uses it. Returns the symbols added.
+
+    Raises:
+        DFlashError: TEXT does not parse (the parser's diagnostics are in the message).
+    """
+    from iree.compiler import ir
+
+    try:
+        parsed = ir.Module.parse("module {\n" + text + "\n}", module.context)
+    except ir.MLIRError as e:
+        raise DFlashError(f"splice: the MLIR to add does not parse: {e}") from None
+    have = symbols(module)
+    first = next(iter(module.body.operations), None)
+    added = []
+    for op in list(parsed.body.operations):
+        name = str(op.attributes["sym_name"]).strip('"') if "sym_name" in op.attributes else None
+        if name in have:
+            continue
+        if first is None:
+            module.body.append(op)
+        else:
+            op.move_before(first)
+        if name:
+            added.append(name)
+            have.add(name)
+    return added
+
+
+def find_ops(module, name: str, custom: str | None = None) -> list:
+    """Every op named NAME in MODULE, in walk order; for NAME `torch.operator`, only those whose
+    `name` attribute is CUSTOM (e.g. "torch.dflash.topk_logprobs")."""
+    from iree.compiler import ir
+
+    found = []
+
+    def visit(op):
+        if op.name == name and (custom is None or str(op.attributes["name"]).strip('"') == custom):
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return found
+
+
+def replace_with_call(op, callee: str, operands: Iterable | None = None,
+                      result_types: Sequence[str] | None = None):
+    """Replace OP by `util.call @callee(operands)` and return the call op.
+
+    Args:
+        op: a torch op (ir.Operation or OpView) whose results are `!torch.vtensor`s.
+        callee: a function of the module (add it first, e.g. with `add_functions`) that takes the
+            builtin forms of the operands and returns the builtin forms of OP's results.
+        operands: the values to pass (default: all of OP's operands). A `!torch.vtensor` value is
+            passed through `torch_c.to_builtin_tensor`; any other value as it is.
+        result_types: the callee's result types as text (default: `builtin_type` of OP's results).
+
+    The call's results go through `torch_c.from_builtin_tensor` back to OP's result types, OP's
+    uses take them, and OP is erased (the constants it alone used are left to the canonicalizer).
+
+    Raises:
+        DFlashError: an operand or result that is not a tensor of known rank and dtype, or a
+            result count that differs from OP's.
+    """
+    from iree.compiler import ir
+    from iree.compiler.dialects import util
+
+    op = op.operation
+    operands = list(op.operands if operands is None else operands)
+    results = list(op.results)
+    result_types = [builtin_type(r.type) for r in results] if result_types is None else list(result_types)
+    if len(result_types) != len(results):
+        raise DFlashError(f"splice: {callee} returns {len(result_types)} results where {op.name} has {len(results)}")
+    with op.context, op.location, ir.InsertionPoint(op):
+        args = []
+        for v in operands:
+            if str(v.type).startswith("!torch.vtensor"):
+                v = ir.Operation.create("torch_c.to_builtin_tensor", results=[ir.Type.parse(builtin_type(v.type))],
+                                        operands=[v]).result
+            args.append(v)
+        call = util.CallOp([ir.Type.parse(t) for t in result_types], callee, args)
+        for old, new in zip(results, call.results):
+            back = ir.Operation.create("torch_c.from_builtin_tensor", results=[old.type], operands=[new]).result
+            old.replace_all_uses_with(back)
+    op.erase()
+    return call
+
+
+def constant_int(value) -> int:
+    """The integer of a `torch.constant.int` result. Raises DFlashError for any other value."""
+    from iree.compiler import ir
+
+    owner = value.owner
+    if getattr(owner, "name", None) != "torch.constant.int":
+        raise DFlashError(f"splice: {value.get_name()} is not a torch.constant.int in the exported module")
+    return ir.IntegerAttr(owner.attributes["value"]).value
+
+
+def splice_topk(module, arch: str) -> list[str] | None:
+    """Replace every `torch.dflash.topk_logprobs` op with the draft top-K dispatch for ARCH.
+
+    Each (n, V, k) gets one `util.func private @dflash_topk_{n}x{V}x{k}_op(tensor<nxVxf32>,
+    tensor<f32>) -> (tensor<nxkxi32>, tensor<nxkxf32>)` that reads the temperature scalar and calls
+    the dispatch's function (kernels/topk.py `topk_dispatch(..., name="dflash_topk_{n}x{V}x{k}")`).
+    Returns the flags the dispatch needs (the object search path), or None when there was no such op.
+
+    Raises:
+        DFlashError: a non-f32 or dynamic logits shape, k not a constant, or what `topk_dispatch`
+            refuses (k outside 1..64, an arch without an object).
+    """
+    from dflash_iree.kernels.topk import topk_dispatch
+
+    ops = find_ops(module, "torch.operator", TOPK_OP)
+    if not ops:
+        return None
+    flags: list[str] = []
+    for op in ops:
+        logits, temperature, k = op.operands
+        n, V = static_shape(logits.type)
+        if builtin_type(logits.type) != f"tensor<{n}x{V}xf32>" or builtin_type(temperature.type) != "tensor<f32>":
+            raise DFlashError(f"splice: {TOPK_OP} takes f32 logits [n, V] and an f32 scalar temperature, "
+                              f"got {logits.type} and {temperature.type}")
+        K = constant_int(k)
+        name = f"dflash_topk_{n}x{V}x{K}"
+        d = topk_dispatch(n, V, K, arch, name=name)
+        ids_t, lp_t = f"tensor<{n}x{K}xi32>", f"tensor<{n}x{K}xf32>"
+        wrapper = f"""util.func private @{name}_op(%logits: tensor<{n}x{V}xf32>, %t: tensor<f32>) -> ({ids_t}, {lp_t}) {{
+    %s = tensor.extract %t[] : tensor<f32>
+    %r:2 = util.call @{d.func}(%logits, %s) : (tensor<{n}x{V}xf32>, f32) -> ({ids_t}, {lp_t})
+    util.return %r#0, %r#1 : {ids_t}, {lp_t}
+}}
+"""
+        add_functions(module, d.mlir + wrapper)
+        replace_with_call(op, f"{name}_op", [logits, temperature], [ids_t, lp_t])
+        flags += [f for f in d.flags if f not in flags]
+    return flags
+
+
+# name -> splice; run in this order by `splice_file`.
+SPLICES: dict[str, Callable[[object, str], list[str] | None]] = {"topk": splice_topk}
+
+
+def splice_file(src: str | Path, dst: str | Path, arch: str, splices: dict | None = None) -> tuple[Path, list[str]]:
+    """Run every splice on the module at SRC for ARCH (an ARCH name of export/compile.py).
+
+    When a splice changed the module, the spliced copy is written to DST (bytecode) and (DST, flags)
+    is returned; when none did, nothing is written and (SRC, []) comes back, so a module without
+    custom ops compiles exactly as exported.
+
+    Raises:
+        DFlashError: from a splice, or a spliced module that does not verify.
+    """
+    from iree.compiler import ir
+
+    module = load(src)
+    changed, flags = False, []
+    for splice in (SPLICES if splices is None else splices).values():
+        got = splice(module, arch)
+        if got is not None:
+            changed = True
+            flags += [f for f in got if f not in flags]
+    if not changed:
+        return Path(src), []
+    try:
+        module.operation.verify()
+    except ir.MLIRError as e:
+        raise DFlashError(f"splice: the spliced module does not verify: {e}") from None
+    # The added text carries its parse locations ("-":line:col); drop them like the export's.
+    from iree.compiler.passmanager import PassManager
+
+    with module.context:
+        PassManager.parse("builtin.module(strip-debuginfo)").run(module.operation)
+    with open(dst, "wb") as f:
+        module.operation.write_bytecode(f)
+    return Path(dst), flags
