@@ -34,15 +34,16 @@ clean:
 kernels: setup
 	$(PY) -m dflash_iree.kernels.build
 
-# `make compile ARCH=gfx1151 [TARGET=dir DRAFTER=dir OUT=dir COMPILE_ARGS="--block-size 8"]`: export the
-# pair and compile it for one arch into compiled/ARCH (dflash.vmfb + manifest.json). Reads only the
-# two config.json files. ARCH: host gfx1030 gfx1100 gfx1151 gfx1201 sm_80 sm_86 sm_89 (or an alias).
+# `make compile ARCH=gfx1151 [TARGET=dir DRAFTER=dir OUT=dir DRAFT_TOP_K=K COMPILE_ARGS="--block-size 8"]`:
+# export the pair and compile it for one arch into compiled/ARCH (dflash.vmfb + manifest.json). Reads
+# only the two config.json files. ARCH: host gfx1030 gfx1100 gfx1151 gfx1201 sm_80 sm_86 sm_89 (or an
+# alias). DRAFT_TOP_K: K of the draft_topk entry point, 1..64 (default 8), 0 for none.
 ARCH ?= host
 TARGET ?= models/demo/target
 DRAFTER ?= models/demo/drafter
 .PHONY: compile records
 compile: setup
-	$(PY) -m dflash_iree compile --arch $(ARCH) --target $(TARGET) --drafter $(DRAFTER) $(if $(OUT),--out $(OUT)) $(COMPILE_ARGS)
+	$(PY) -m dflash_iree compile --arch $(ARCH) --target $(TARGET) --drafter $(DRAFTER) $(if $(OUT),--out $(OUT)) $(if $(DRAFT_TOP_K),--draft-top-k $(DRAFT_TOP_K)) $(COMPILE_ARGS)
 
 # Rewrite compiled/records/ARCH.json (what tests/test_compile.py compares every tiny compile with).
 records: setup

@@ -89,7 +89,7 @@ def cmd_compile(args) -> int:
     from dflash_iree.export.compile import compile_artifacts
 
     compile_artifacts(args.arch, args.target, args.drafter, args.out, args.block_size, args.max_context, args.dtype,
-                      args.streams, use_cache=not args.no_export_cache)
+                      args.streams, use_cache=not args.no_export_cache, draft_top_k=args.draft_top_k)
     return 0
 
 
@@ -110,10 +110,21 @@ def cmd_generate(args) -> int:
         prompt = args.prompt or ""
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
               seed=args.seed, speculative=not args.no_draft, num_speculative_tokens=args.num_speculative_tokens,
-              stop=args.stop, exact=args.exact)
+              stop=args.stop, exact=args.exact, draft_top_k=args.draft_top_k)
     if args.json:
         g = engine.generate(prompt, **kw)
-        print(json.dumps({"tokens": g.tokens, "text": g.text, "stats": g.stats()}))
+        out = {"tokens": g.tokens, "text": g.text, "stats": g.stats()}
+        if args.draft_top_k:
+            out["draft_top_k"] = [r.to_dict() for r in g.draft_top_k]
+        print(json.dumps(out))
+        return 0
+    if args.draft_top_k:  # the text, then each round's top-k on stderr
+        g = engine.generate(prompt, **kw)
+        print(g.text if g.text is not None else " ".join(map(str, g.tokens)))
+        for r, top in enumerate(g.draft_top_k):
+            for i, (ids, lps) in enumerate(zip(top.ids, top.logprobs)):
+                pairs = "  ".join(f"{t}:{lp:.3f}" for t, lp in zip(ids, lps))
+                print(f"round {r} draft {i}: {pairs}", file=sys.stderr)
         return 0
     for piece in engine.stream(prompt, **kw):
         print(piece, end="", flush=True)
@@ -193,6 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stop", action="append", help="stop string (repeatable)")
     g.add_argument("--no-draft", action="store_true", help="plain decoding")
     g.add_argument("--exact", action="store_true", help="plain decoding through the verify graph (bit-exact vs drafted)")
+    g.add_argument("--draft-top-k", type=int, default=0, metavar="K",
+                   help="also return the drafter's K best ids and log-probs at every drafted position, per round "
+                        "(1..the artifacts' compiled K; printed to stderr, or under \"draft_top_k\" with --json)")
     g.add_argument("--json", action="store_true", help="print tokens, text and stats as JSON")
     g.set_defaults(func=cmd_generate)
 
@@ -242,6 +256,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "max_position_embeddings when smaller)")
     c.add_argument("--dtype", choices=["bf16", "f16", "f32"], help="default: the target config's torch_dtype")
     c.add_argument("--streams", type=int, default=1, help="leading stream dimension of every entry point (default 1)")
+    c.add_argument("--draft-top-k", type=int, default=8, metavar="K",
+                   help="K of the draft_topk entry point (the draft's top-K ids and log-probs, on the device), "
+                        "1..64; 0 compiles none (default 8)")
     c.add_argument("--no-export-cache", action="store_true",
                    help="export afresh and keep no copy (default: reuse an identical export from ~/.cache/dflash-iree, "
                         "or $DFLASH_IREE_CACHE)")

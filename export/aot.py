@@ -12,8 +12,11 @@ the drafter uses too) are bound once. What the module looks like from outside:
 - Attention reads the cache only up to a length the caller chooses, in pages of `KV_PAGE` rows:
   the shape of the `pages` argument (its contents are ignored) is the dynamic dim that bounds
   every cache read, so decode cost follows the context, not `max_context`.
-- Only [S, K]-sized results leave a production entry point: chosen tokens, draft ids, and the
-  taps, which the runtime keeps on the device and passes back to `absorb` / `draft`.
+- Only [S, K]-sized results leave a production entry point: chosen tokens, draft ids (and, from
+  `draft_topk`, the draft's top-K ids and log-probs), and the taps, which the runtime keeps on the
+  device and passes back to `absorb` / `draft`.
+- `draft_topk` (when compiled with a top-K count) computes its top-K with a custom op
+  (export/ops.py) that export/splice.py replaces, per arch, with the dispatch of kernels/topk.py.
 - The leading dim S of every argument is the stream count (1 for now).
 
 The model is built on the meta device, so exporting the 8B shapes allocates no weights.
@@ -38,7 +41,7 @@ DRAFTER_SCOPE = "drafter"
 _STATE_SCOPE = "state"  # transient: these globals get a zero initializer after import
 
 DTYPE_NAMES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.int64: "i64",
-               torch.int8: "i8"}
+               torch.int32: "i32", torch.int8: "i8"}
 _TORCH_DTYPES = {v: k for k, v in DTYPE_NAMES.items()}
 
 
@@ -79,6 +82,7 @@ class ExportShapes:
     dtype: str  # "bf16" | "f16" | "f32"
     tap_width: int  # n_taps * hidden_size
     kv_page: int = KV_PAGE
+    draft_top_k: int = 0  # K of the `draft_topk` entry point; 0: no such entry point
 
     @property
     def dims(self) -> dict:
@@ -96,25 +100,27 @@ class ExportShapes:
 def export_shapes(plan) -> ExportShapes:
     """ExportShapes of a compile plan (export/compile.py `Plan`)."""
     return ExportShapes(plan.streams, plan.block_size, plan.max_context, plan.dtype,
-                        plan.drafter.num_taps * plan.target.hidden_size)
+                        plan.drafter.num_taps * plan.target.hidden_size, draft_top_k=plan.draft_top_k)
 
 
 class Pair(nn.Module):
-    """The root module of the export: the target and the drafter side by side."""
+    """The root module of the export: the target and the drafter side by side, and the K of
+    `draft_topk` (0: none)."""
 
-    def __init__(self, target: Qwen3, drafter: DFlashDrafter):
+    def __init__(self, target: Qwen3, drafter: DFlashDrafter, draft_top_k: int = 0):
         super().__init__()
         self.target = target
         self.drafter = drafter
+        self.draft_top_k = draft_top_k
 
 
 def build_pair(tcfg: TargetConfig, dcfg: DrafterConfig, max_context: int, block_size: int, streams: int,
-               dtype: torch.dtype) -> Pair:
+               dtype: torch.dtype, draft_top_k: int = 0) -> Pair:
     """Target and drafter on the meta device (no weights), in eval mode, without gradients."""
     with torch.device("meta"):
         target = Qwen3(tcfg, max_context, dcfg.target_layer_ids, streams, dtype)
         drafter = DFlashDrafter(dcfg, max_context, block_size, streams, dtype)
-    pair = Pair(target, drafter).eval()
+    pair = Pair(target, drafter, draft_top_k).eval()
     pair.requires_grad_(False)
     return pair
 
@@ -133,7 +139,8 @@ def entry_points(shapes: ExportShapes, sampled: bool = True) -> list[EntryPoint]
     The target's steps come greedy (argmax) and, when `sampled`, as `*_sampled` variants that take
     per-stream temperature, top_k, top_p and seed tensors (export/sampling.py); a stream with
     temperature 0 is greedy in those too. Greedy requests use the plain ones, which skip the ~64
-    vocab-wide reductions per row that keyed top-k / top-p sampling costs.
+    vocab-wide reductions per row that keyed top-k / top-p sampling costs. With
+    `shapes.draft_top_k` K > 0, `draft_topk` follows `draft`: the same draft, plus its top-K.
     """
     S, B, N, dt = shapes.streams, shapes.block_size, shapes.tap_width, shapes.dtype
     tokens = lambda t: TensorSpec("tokens", (S, t), "i64")  # noqa: E731
@@ -161,14 +168,22 @@ def entry_points(shapes: ExportShapes, sampled: bool = True) -> list[EntryPoint]
         "absorb", "drafter", (taps("R"), start), (TensorSpec("ctx_len", (S,), "i64"),),
         "Project R context rows (the target's taps at positions [start, start+R)) into the drafter's "
         "context cache; returns start + R."))
+    draft_args = (taps(B), TensorSpec("ctx_start", (S,), "i64"), TensorSpec("n_valid", (S,), "i64"),
+                  TensorSpec("anchor", (S,), "i64"), pages)
+    draft = TensorSpec("draft", (S, B - 1), "i64")
     out.append(EntryPoint(
-        "draft", "drafter",
-        (taps(B), TensorSpec("ctx_start", (S,), "i64"), TensorSpec("n_valid", (S,), "i64"),
-         TensorSpec("anchor", (S,), "i64"), pages),
-        (TensorSpec("draft", (S, B - 1), "i64"),),
+        "draft", "drafter", draft_args, (draft,),
         "Absorb the first n_valid rows of the last verify's taps (positions [ctx_start, ctx_start+n_valid); "
         "rows past n_valid are ignored), then draft block_size-1 greedy tokens after the anchor at "
         "position ctx_start+n_valid. After prefill, pass any taps with n_valid = 0."))
+    K = shapes.draft_top_k
+    if K:
+        out.append(EntryPoint(
+            "draft_topk", "drafter", draft_args + (TensorSpec("temperature", (S,), "f32"),),
+            (draft, TensorSpec("topk_ids", (S, B - 1, K), "i32"), TensorSpec("topk_logprobs", (S, B - 1, K), "f32")),
+            f"`draft`, and at each drafted position the drafter's {K} best ids (descending logit, equal logits "
+            "by lower id; topk_ids[..., 0] is the draft) and log_softmax(logits / temperature) at them, from "
+            "the top-K dispatch of kernels/ (temperature > 0; 1 gives the drafter's own distribution)."))
     return out
 
 
@@ -215,8 +230,13 @@ def draft(m, taps, ctx_start, n_valid, anchor, pages):
     return m.drafter(m.target, taps, ctx_start, n_valid, anchor, read_len=_read_len(pages))[0]
 
 
+def draft_topk(m, taps, ctx_start, n_valid, anchor, pages, temperature):
+    ids, logits = m.drafter(m.target, taps, ctx_start, n_valid, anchor, read_len=_read_len(pages))
+    return (ids, *m.drafter.top_k(logits, temperature, m.draft_top_k))
+
+
 _BODIES = {f.__name__: f for f in (prefill, prefill_sampled, verify, verify_sampled, decode, decode_sampled,
-                                   absorb, draft)}
+                                   absorb, draft, draft_topk)}
 
 
 def _linear_2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

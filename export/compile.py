@@ -5,9 +5,9 @@ several archs):
 - `plan()` reads and checks the two config.json files and the options; it raises `DFlashError`
   before anything is written;
 - `export_mlir()` builds the modules on the meta device and exports them (export/aot.py);
-- `lower()` runs iree-compile for one arch and writes `dflash.vmfb` and `manifest.json` into a
-  temporary folder beside the destination, then renames it into place, so an interrupted compile
-  leaves no half artifact.
+- `lower()` splices the custom dispatches for one arch into a copy of the export (export/splice.py),
+  runs iree-compile and writes `dflash.vmfb` and `manifest.json` into a temporary folder beside
+  the destination, then renames it into place, so an interrupted compile leaves no half artifact.
 """
 
 from __future__ import annotations
@@ -28,12 +28,14 @@ from pathlib import Path
 from dflash_iree.checkpoint import sha256_file
 from dflash_iree.config import DrafterConfig, TargetConfig, config_hash, load_drafter_config, load_target_config
 from dflash_iree.errors import DFlashError
+from dflash_iree.export.splice import splice_file
 
 FORMAT_VERSION = 1
 MODULE_FILE = "dflash.vmfb"
 MANIFEST_FILE = "manifest.json"
 DEFAULT_CONTEXT = 4096
 MIN_CONTEXT = 64
+DEFAULT_DRAFT_TOP_K = 8  # K of the draft_topk entry point; 0 compiles none
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,7 @@ class Plan:
     dtype: str
     streams: int
     sampled: bool = True
+    draft_top_k: int = DEFAULT_DRAFT_TOP_K
     entries: list = field(default_factory=list)  # filled by export_mlir
     parameters: dict = field(default_factory=dict)  # scope -> key -> {shape, dtype}
     state: dict = field(default_factory=dict)  # module-initialized globals (the caches)
@@ -134,14 +137,19 @@ class Plan:
 
 
 def plan(target_dir: str | Path, drafter_dir: str | Path, block_size: int | None = None,
-         max_context: int | None = None, dtype: str | None = None, streams: int = 1, sampled: bool = True) -> Plan:
+         max_context: int | None = None, dtype: str | None = None, streams: int = 1, sampled: bool = True,
+         draft_top_k: int = DEFAULT_DRAFT_TOP_K) -> Plan:
     """Read and check the two config.json files and the options. Reads no weights, writes nothing.
+
+    draft_top_k: K of the `draft_topk` entry point (the draft's top-K ids and log-probs), 1..64 and
+    at most the vocabulary; 0 compiles no such entry point.
 
     Raises:
         DFlashError: a missing config, an unsupported family, a drafter that does not fit the
-            target, block_size / max_context / dtype / streams out of range.
+            target, block_size / max_context / dtype / streams / draft_top_k out of range.
     """
     from dflash_iree.export.aot import KV_PAGE
+    from dflash_iree.kernels.topk import MAX_K
 
     tcfg = load_target_config(target_dir)
     dcfg = load_drafter_config(drafter_dir, tcfg)
@@ -160,7 +168,11 @@ def plan(target_dir: str | Path, drafter_dir: str | Path, block_size: int | None
         raise DFlashError(f"--dtype {dtype} is not supported; use bf16, f16 or f32")
     if streams < 1:
         raise DFlashError(f"--streams {streams} is out of range: use 1 or more")
-    return Plan(tcfg, dcfg, block, max_context, dtype, streams, sampled)
+    most = min(MAX_K, tcfg.vocab_size)
+    if not 0 <= draft_top_k <= most:
+        raise DFlashError(f"--draft-top-k {draft_top_k} is out of range: use 1..{most} (the top-K kernel's limit, "
+                          "and at most the vocabulary), or 0 for no draft_topk entry point")
+    return Plan(tcfg, dcfg, block, max_context, dtype, streams, sampled, draft_top_k)
 
 
 class Progress:
@@ -175,6 +187,14 @@ class Progress:
 
     def __call__(self, msg: str) -> None:
         print(f"[{self.elapsed():7.1f}s] {msg}", file=self.out or sys.stdout, flush=True)
+
+
+def _build_pair(p: Plan):
+    from dflash_iree.export import aot
+    from dflash_iree.export.load import torch_dtype
+
+    return aot.build_pair(p.target, p.drafter, p.max_context, p.block_size, p.streams, torch_dtype(p.dtype),
+                          p.draft_top_k)
 
 
 def _describe(p: Plan, pair) -> None:
@@ -193,11 +213,10 @@ def export_mlir(p: Plan, path: str | Path, log=None) -> Path:
     import torch
 
     from dflash_iree.export import aot
-    from dflash_iree.export.load import torch_dtype
 
     log = log or Progress()
     t0 = time.perf_counter()
-    pair = aot.build_pair(p.target, p.drafter, p.max_context, p.block_size, p.streams, torch_dtype(p.dtype))
+    pair = _build_pair(p)
     _describe(p, pair)
     with torch.no_grad():
         output, _ = aot.export_module(pair, aot.export_shapes(p), p.sampled, log=log)
@@ -207,7 +226,7 @@ def export_mlir(p: Plan, path: str | Path, log=None) -> Path:
     return Path(path)
 
 
-_EXPORT_SOURCES = ("aot.py", "qwen3.py", "dflash.py", "sampling.py")
+_EXPORT_SOURCES = ("aot.py", "qwen3.py", "dflash.py", "sampling.py", "ops.py")
 
 
 def cache_dir() -> Path | None:
@@ -228,7 +247,7 @@ def export_key(p: Plan) -> str:
     parts = {
         "target": {k: v for k, v in p.target.to_dict().items() if k != "folder"},
         "drafter": {k: v for k, v in p.drafter.to_dict().items() if k != "folder"},
-        "options": [p.block_size, p.max_context, p.dtype, p.streams, p.sampled],
+        "options": [p.block_size, p.max_context, p.dtype, p.streams, p.sampled, p.draft_top_k],
         "versions": [_version(d) for d in ("torch", "iree-turbine", "iree-base-compiler")],
         "sources": [hashlib.sha256((here / f).read_bytes()).hexdigest() for f in _EXPORT_SOURCES],
     }
@@ -238,16 +257,13 @@ def export_key(p: Plan) -> str:
 def export_cached(p: Plan, work: Path, log=None, use_cache: bool = True) -> Path:
     """The exported MLIR for `p`: from the cache when an identical export is there, else exported
     now (into the cache when there is one, else into `work`). Fills p.entries etc. either way."""
-    from dflash_iree.export import aot
-    from dflash_iree.export.load import torch_dtype
-
     log = log or Progress()
     where = cache_dir() if use_cache else None
     if where is None:
         return export_mlir(p, work / "dflash.mlirbc", log)
     path = where / f"{export_key(p)}.mlirbc"
     if path.is_file():
-        _describe(p, aot.build_pair(p.target, p.drafter, p.max_context, p.block_size, p.streams, torch_dtype(p.dtype)))
+        _describe(p, _build_pair(p))
         p.export_reused = True
         log(f"export: reusing {path} (same shapes, options, export sources and versions)")
         return path
@@ -322,7 +338,7 @@ def _config_entry(cfg) -> dict:
 
 
 def manifest(p: Plan, arch: Arch, flags: list[str], stats: dict, files: dict, requested: str, note: str,
-             compile_s: float) -> dict:
+             compile_s: float, splice_flags: list[str] = ()) -> dict:
     """The manifest.json contents (see docs in README, `make compile`)."""
     from dflash_iree.export.aot import KV_PAGE, export_shapes, shapes_dict
 
@@ -337,10 +353,12 @@ def manifest(p: Plan, arch: Arch, flags: list[str], stats: dict, files: dict, re
         "versions": {"iree_base_compiler": _version("iree-base-compiler"), "torch": _version("torch"),
                      "iree_turbine": _version("iree-turbine"), "dflash_iree": _version("dflash-iree")},
         "flags": flags,
+        "splice_flags": list(splice_flags),
         "target": _config_entry(p.target),
         "drafter": _config_entry(p.drafter),
         "block_size": p.block_size,
         "trained_block_size": p.drafter.block_size,
+        "draft_top_k": p.draft_top_k,
         "max_context": p.max_context,
         "dtype": p.dtype,
         "streams": p.streams,
@@ -360,7 +378,8 @@ def manifest(p: Plan, arch: Arch, flags: list[str], stats: dict, files: dict, re
 
 def lower(p: Plan, arch_name: str, mlir: str | Path, out_dir: str | Path, log=None, record: bool = False,
           dump_phases: str | Path | None = None) -> dict:
-    """Compile exported MLIR for one arch into `out_dir` (written whole, or not at all).
+    """Splice the arch's custom dispatches into a copy of the exported MLIR (export/splice.py), then
+    compile it for that arch into `out_dir` (written whole, or not at all).
 
     Args:
         p: the plan `export_mlir` filled.
@@ -387,18 +406,23 @@ def lower(p: Plan, arch_name: str, mlir: str | Path, out_dir: str | Path, log=No
     try:
         vmfb = stage / MODULE_FILE
         stats_file = stage / "stats.csv"
-        log(f"compile: iree-compile for {arch.name} ({arch.about}) ...")
         t0 = time.perf_counter()
+        source, splice_flags = splice_file(mlir, stage / "spliced.mlirbc", arch.name)
+        if source != Path(mlir):
+            log(f"splice: custom dispatches for {arch.name} in {time.perf_counter() - t0:.1f}s")
+        log(f"compile: iree-compile for {arch.name} ({arch.about}) ...")
         extra = [f"--dump-compilation-phases-to={dump_phases}"] if dump_phases else []
-        run_iree_compile(Path(mlir), vmfb, flags, stats_file, extra)
+        run_iree_compile(source, vmfb, flags, stats_file, [*splice_flags, *extra])
         compile_s = time.perf_counter() - t0
         stats = _stats(stats_file)
         stats_file.unlink()
+        if source != Path(mlir):
+            source.unlink()
         log(f"compile: {arch.name} done in {compile_s:.1f}s: {vmfb.stat().st_size / 2**20:.2f} MiB, "
             f"{stats['executables']} executables, {stats['dispatches']} dispatches")
         files = {MODULE_FILE: sha256_file(vmfb)}
         stats["module_bytes"] = vmfb.stat().st_size
-        m = manifest(p, arch, flags, stats, files, arch_name, note, compile_s)
+        m = manifest(p, arch, flags, stats, files, arch_name, note, compile_s, splice_flags)
         (stage / MANIFEST_FILE).write_text(json.dumps(m, indent=1) + "\n")
         _replace(stage, out)
     except BaseException:
@@ -426,19 +450,20 @@ def _replace(stage: Path, out: Path) -> None:
 
 def compile_artifacts(arch: str, target_dir, drafter_dir, out_dir=None, block_size: int | None = None,
                       max_context: int | None = None, dtype: str | None = None, streams: int = 1, sampled: bool = True,
-                      log=None, record: bool = False, use_cache: bool = True) -> dict:
+                      log=None, record: bool = False, use_cache: bool = True,
+                      draft_top_k: int = DEFAULT_DRAFT_TOP_K) -> dict:
     """The whole `dflash-iree compile`: plan, export (or reuse a cached export), lower. Returns the manifest."""
     log = log or Progress()
     resolved, note = resolve_arch(arch)
     if note:
         log(f"note: {note}")
-    p = plan(target_dir, drafter_dir, block_size, max_context, dtype, streams, sampled)
+    p = plan(target_dir, drafter_dir, block_size, max_context, dtype, streams, sampled, draft_top_k)
     out = Path(out_dir) if out_dir else Path("compiled") / resolved.name
     _check_destination(out)
     iree_compile_tool()
     log(f"configs: target {p.target.num_hidden_layers} layers, hidden {p.target.hidden_size}, vocab "
         f"{p.target.vocab_size}; drafter {p.drafter.num_hidden_layers} layers, taps {list(p.drafter.target_layer_ids)}; "
-        f"block {p.block_size}, max_context {p.max_context}, {p.dtype}, streams {p.streams}")
+        f"block {p.block_size}, max_context {p.max_context}, {p.dtype}, streams {p.streams}, draft top-K {p.draft_top_k}")
     with tempfile.TemporaryDirectory(prefix="dflash-export-") as work:
         mlir = export_cached(p, Path(work), log, use_cache)
         m = lower(p, arch, mlir, out, log, record)

@@ -12,7 +12,9 @@ Per round, for a block starting at absolute position `start`:
   its queries attend, with no causal mask, to the cached context (positions < start) and to the
   block's own K/V;
 - the last layer's output goes through the drafter's `norm` and the target's lm_head, and the
-  greedy draft is read at block positions 1..B-1.
+  greedy draft is read at block positions 1..B-1;
+- on request (`top_k`), the k best ids and log-probs of those logits, through the custom op that
+  the compiled module replaces with the draft top-K dispatch of kernels/ (export/ops.py).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from torch import nn
 
 from dflash_iree.config import DrafterConfig
 
+from .ops import top_k_per_stream
 from .qwen3 import MLP, Attention, Qwen3, RMSNorm, attend, rope_tables, write_cache
 from .sampling import argmax
 
@@ -127,3 +130,15 @@ class DFlashDrafter(nn.Module):
         h = self.norm(x[:, 1:])
         logits = target.lm_head(h.to(target.dtype)).float()
         return argmax(logits), logits
+
+    @staticmethod
+    def top_k(logits: torch.Tensor, temperature: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The draft's top-k: ids int32 [S, B - 1, k] (descending logit, equal logits by lower id, so
+        ids[..., 0] is the greedy draft) and log_softmax(logits / temperature) at them, float32.
+
+        Args:
+            logits: float32 [S, B - 1, vocab_size], as `forward` returns them.
+            temperature: float32 [S], > 0.
+            k: 1..min(64, vocab_size).
+        """
+        return top_k_per_stream(logits, temperature, k)

@@ -28,6 +28,7 @@ from dflash_iree.export import compile as cc
 from dflash_iree.export.aot import KV_PAGE
 from dflash_iree.export.load import load_pair
 from dflash_iree.export.sampling import Sampling
+from dflash_iree.kernels.reference import score
 
 RECORDS = Path(__file__).resolve().parents[1] / "compiled" / "records"
 UPDATE_RECORDS = os.environ.get("DFLASH_IREE_UPDATE_RECORDS") == "1"
@@ -127,6 +128,8 @@ def test_refuses_mismatched_drafter(capsys, tmp_path, target_dir, drafter_dir):
     (["--max-context", "100"], r"--max-context 100 is out of range: use a multiple of 32"),
     (["--max-context", "4096"], r"--max-context 4096 is out of range.*1024 \(the target's max_position_embeddings\)"),
     (["--streams", "0", "--max-context", "256"], r"--streams 0 is out of range"),
+    (["--draft-top-k", "65", "--max-context", "256"], r"--draft-top-k 65 is out of range: use 1\.\.64 .*or 0 for no draft_topk"),
+    (["--draft-top-k", "-1", "--max-context", "256"], r"--draft-top-k -1 is out of range"),
 ])
 def test_refuses_out_of_range(capsys, tmp_path, target_dir, drafter_dir, argv, match):
     _refused(capsys, ["--target", str(target_dir), "--drafter", str(drafter_dir), *argv], tmp_path / "o", match)
@@ -172,13 +175,21 @@ def test_manifest(host_cli, target_dir, drafter_dir):
     assert (m["block_size"], m["max_context"], m["dtype"], m["streams"]) == (8, CONTEXT, "f32", 1)
     names = [e["name"] for e in m["entry_points"]]
     assert names == ["prefill", "verify", "decode", "prefill_sampled", "verify_sampled", "decode_sampled",
-                     "absorb", "draft"]
+                     "absorb", "draft", "draft_topk"]
     e = {x["name"]: x for x in m["entry_points"]}
     assert e["verify"]["args"][0] == {"name": "tokens", "shape": [1, 8], "dtype": "i64"}
     assert e["verify"]["results"] == [{"name": "chosen", "shape": [1, 8], "dtype": "i64"},
                                       {"name": "taps", "shape": [1, 8, 128], "dtype": "f32"}]
     assert e["prefill"]["args"][0]["shape"] == [1, "T"] and e["absorb"]["args"][0]["shape"] == [1, "R", 128]
     assert e["draft"]["results"] == [{"name": "draft", "shape": [1, 7], "dtype": "i64"}]
+    # draft_topk: K fixed at compile time (default 8), recorded; the greedy draft entry unchanged
+    assert m["draft_top_k"] == cc.DEFAULT_DRAFT_TOP_K == 8 and m["shapes"]["draft_top_k"] == 8
+    assert e["draft_topk"]["args"] == e["draft"]["args"] + [{"name": "temperature", "shape": [1], "dtype": "f32"}]
+    assert e["draft_topk"]["results"] == [{"name": "draft", "shape": [1, 7], "dtype": "i64"},
+                                          {"name": "topk_ids", "shape": [1, 7, 8], "dtype": "i32"},
+                                          {"name": "topk_logprobs", "shape": [1, 7, 8], "dtype": "f32"}]
+    assert any("object-search-path" in f for f in m["splice_flags"])
+    assert m["stats"]["dispatches_per_call"]["draft_topk"] == m["stats"]["dispatches_per_call"]["draft"] + 2
     # no entry point returns anything vocab-sized
     vocab = m["target"]["config"]["vocab_size"]
     assert all(vocab not in r["shape"] for x in m["entry_points"] for r in x["results"])
@@ -279,9 +290,24 @@ def test_host_parity_with_eager(host_cli, target_dir, drafter_dir):
             start = len(committed) - 1  # the anchor's position
             anchor = torch.tensor([committed[-1]])
             cs, nv = torch.tensor([ctx_start]), torch.tensor([n_valid])
-            want_draft, _ = drafter(target, new_taps, cs, nv, anchor, read_len=start + B)
+            want_draft, want_logits = drafter(target, new_taps, cs, nv, anchor, read_len=start + B)
             got_draft = mod("draft", dev_taps if dev_taps is not None else new_taps, cs, nv, anchor, _pages(start))
             assert _host(got_draft).tolist() == want_draft.tolist(), f"round {r}: drafted tokens differ"
+            # draft_topk on the same arguments (its absorb rewrites the same context rows): the same
+            # draft, and the top-K dispatch's ids and log-probs against the eager drafter's top_k
+            T = (1.0, 0.7)[r % 2]
+            top = mod("draft_topk", dev_taps if dev_taps is not None else new_taps, cs, nv, anchor, _pages(start),
+                      np.array([T], np.float32))
+            top_draft, top_ids, top_lps = (_host(t) for t in top)
+            assert top_draft.tolist() == want_draft.tolist(), f"round {r}: draft_topk's draft differs from draft"
+            assert top_ids.dtype == torch.int32 and top_ids.shape == (1, B - 1, 8)
+            assert top_ids[0, :, 0].tolist() == want_draft[0].tolist()
+            want_ids, want_lps = drafter.top_k(want_logits, torch.tensor([T]), 8)
+            s_ = score(want_logits[0].numpy(), T, top_ids[0].numpy(), top_lps[0].numpy())
+            assert s_["id_mismatch"] == 0 and s_["max_lp_err"] <= 1e-4, (r, s_)
+            same = top_ids == want_ids  # elsewhere only exact ties may swap (kernels/reference.py)
+            assert torch.equal(same, torch.ones_like(same)) or s_["tie_swap"] > 0, r
+            assert (top_lps - want_lps).abs().max().item() <= 1e-4
             block = torch.cat([anchor[:, None], want_draft], 1)
             s = sampling if r % 2 else None  # greedy and sampled verify
             chosen, _, taps = target(block, torch.tensor([start]), s, read_len=start + B)
