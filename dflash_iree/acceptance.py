@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .errors import DFlashError
+
 
 def accept_length(draft: Sequence[int], chosen: Sequence[int]) -> int:
     """Number of draft tokens to keep: the longest prefix where draft[i] == chosen[i].
@@ -72,6 +74,29 @@ def commit_round(
     # a cut that removes the bonus leaves only kept draft tokens
     kept = min(accepted, len(new))
     return RoundCommit(new, kept, stopped or len(new) >= budget)
+
+
+def check_fits(n_prompt: int, max_new_tokens: int, block: int, max_context: int) -> None:
+    """Refuse a request that does not fit the KV cache, before any work; nothing is truncated.
+
+    Verify writes a whole block past the committed length, so prompt length + max_new_tokens +
+    block must be at most max_context. Shared by the eager reference (block 1 for plain decoding)
+    and the runtime (the artifact's block_size).
+
+    Raises:
+        DFlashError: an empty prompt, max_new_tokens < 1, or the sum over max_context; the message
+            names the numbers and the fix.
+    """
+    if n_prompt < 1:
+        raise DFlashError("the prompt is empty; give at least one token")
+    if max_new_tokens < 1:
+        raise DFlashError(f"max_new_tokens is {max_new_tokens}; ask for at least 1")
+    need = n_prompt + max_new_tokens + block
+    if need > max_context:
+        raise DFlashError(
+            f"prompt ({n_prompt} tokens) + max_new_tokens ({max_new_tokens}) + block ({block}) = {need} exceeds "
+            f"max_context {max_context}; shorten the prompt, lower max_new_tokens, or raise max_context "
+            "(--max-context; for compiled artifacts, recompile: dflash-iree compile --max-context N)")
 
 
 def tau_histogram(accepted: Sequence[int], block_size: int) -> list[int]:

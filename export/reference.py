@@ -19,7 +19,7 @@ from typing import Protocol
 
 import torch
 
-from dflash_iree.acceptance import RoundStats, accept_length, commit_round
+from dflash_iree.acceptance import RoundStats, accept_length, check_fits, commit_round
 from dflash_iree.errors import DFlashError
 
 from .dflash import DFlashDrafter
@@ -107,20 +107,6 @@ class DrafterProposer:
         return draft[0].tolist()
 
 
-def _check_fits(target: Qwen3, n_prompt: int, max_new_tokens: int, block: int) -> None:
-    need = n_prompt + max_new_tokens + block
-    if n_prompt < 1:
-        raise DFlashError("the prompt is empty; give at least one token")
-    if max_new_tokens < 1:
-        raise DFlashError(f"max_new_tokens is {max_new_tokens}; ask for at least 1")
-    if need > target.max_context:
-        raise DFlashError(
-            f"prompt ({n_prompt} tokens) + max_new_tokens ({max_new_tokens}) + block ({block}) = {need} "
-            f"exceeds max_context {target.max_context}; shorten the prompt, lower max_new_tokens, "
-            "or raise max_context"
-        )
-
-
 def _step(target: Qwen3, tokens: Sequence[int], start: int, sampling: Sampling | None):
     t = torch.tensor([list(tokens)], dtype=torch.int64)
     return target(t, torch.tensor([start]), sampling, read_len=start + len(tokens))
@@ -140,7 +126,7 @@ def generate_plain(target: Qwen3, prompt: Sequence[int], max_new_tokens: int,
     Raises:
         DFlashError: empty prompt, or prompt + max_new_tokens + 1 > max_context.
     """
-    _check_fits(target, len(prompt), max_new_tokens, 1)
+    check_fits(len(prompt), max_new_tokens, 1, target.max_context)
     stops, s = _stop_set(target, stop_ids), sampling.tensors()
     t0 = time.perf_counter()
     chosen, _, _ = _step(target, prompt, 0, s)
@@ -186,7 +172,7 @@ def generate_dflash(target: Qwen3, proposer: Proposer | DFlashDrafter, prompt: S
     n = block_size - 1 if num_speculative_tokens is None else num_speculative_tokens
     if not 1 <= n <= block_size - 1:
         raise DFlashError(f"num_speculative_tokens {n} is out of range: use 1..{block_size - 1} (block_size - 1)")
-    _check_fits(target, len(prompt), max_new_tokens, block_size)
+    check_fits(len(prompt), max_new_tokens, block_size, target.max_context)
     stops, s = _stop_set(target, stop_ids), sampling.tensors()
 
     t0 = time.perf_counter()

@@ -5,7 +5,8 @@ What crosses between host and device, per request:
   the block's token ids, and an int8 `pages` vector whose length (not contents) bounds how many
   KV cache rows attention reads;
 - out: per round the draft ids [B - 1] and the target's chosen tokens [B] (int64, a few hundred
-  bytes); with `draft_top_k`, also [B - 1, K] ids and log-probs.
+  bytes); with `draft_top_k`, also the draft's top-K ids (int32) and log-probs (float32), [B - 1, K]
+  each with K the compiled count (runtime/module.py states the contract).
 Logits and hidden states never leave the device: the taps that verify produces are passed back
 to the next `draft` call as device arrays.
 
@@ -18,17 +19,35 @@ writing at position 0 again.
 
 from __future__ import annotations
 
+import numbers
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
-import numpy as np
-
-from dflash_iree.acceptance import RoundStats, accept_length, commit_round
+from dflash_iree.acceptance import RoundStats, accept_length, check_fits, commit_round
 from dflash_iree.errors import DFlashError
 
 from .artifacts import Artifacts, open_device
 from .text import StreamDecoder, TextCodec, find_stop
+
+
+class DraftTopK(NamedTuple):
+    """The drafter's top-k at the drafted positions of one round (`generate(..., draft_top_k=k)`).
+
+    ids: one list of k token ids per draft token of the round (row i: block position i + 1, the
+        position of draft token i), best first: descending drafter logit, equal logits by lower id,
+        so ids[i][0] is draft token i. `accepted` of the same round says how many rows were kept.
+    logprobs: the matching log-probabilities, log_softmax(drafter logits / T) at those ids, with T
+        the request's temperature when it samples (> 0) and 1 when it is greedy (the drafter's own
+        distribution). top_k / top_p are not applied.
+    """
+
+    ids: list[list[int]]
+    logprobs: list[list[float]]
+
+    def to_dict(self) -> dict:
+        return {"ids": self.ids, "logprobs": self.logprobs}
 
 
 @dataclass
@@ -41,7 +60,8 @@ class GenerationResult(RoundStats):
     block_size: verify block size of the request (num_speculative_tokens + 1; 1 for plain).
     ttft_ms: time to first token in ms (prefill and its token to the host).
     decode_s: seconds from the first token to the last.
-    draft_topk: with draft_top_k > 0, per round (ids int32 [B-1, K], log-probs float32 [B-1, K]).
+    draft_top_k: with draft_top_k = k > 0, a DraftTopK per round (the same rounds as `accepted`):
+        ids and log-probs [n_drafted][k], n_drafted = num_speculative_tokens; empty otherwise.
     """
 
     tokens: list[int]
@@ -50,7 +70,7 @@ class GenerationResult(RoundStats):
     block_size: int = 1
     ttft_ms: float = 0.0
     decode_s: float = 0.0
-    draft_topk: list = field(default_factory=list)
+    draft_top_k: list[DraftTopK] = field(default_factory=list)
 
     @property
     def decode_tok_s(self) -> float:
@@ -75,7 +95,9 @@ class Engine:
         self.block_size = artifacts.block_size
         self.max_context = artifacts.max_context
         self.eos_ids = frozenset(artifacts.eos_token_ids)
-        self._zero_taps = None
+        # K of the draft_topk entry point (dflash-iree compile --draft-top-k; 0: none, as in
+        # manifests written before it existed)
+        self.compiled_draft_top_k = int(artifacts.manifest.get("draft_top_k", 0))
 
     @classmethod
     def load(cls, artifacts: str = "compiled/host", target: str | None = None, drafter: str | None = None,
@@ -121,15 +143,26 @@ class Engine:
             raise DFlashError("the prompt is empty; give at least one token")
         return ids
 
-    def _check_fits(self, n_prompt: int, max_new_tokens: int, block: int) -> None:
-        need = n_prompt + max_new_tokens + block
-        if max_new_tokens < 1:
-            raise DFlashError(f"max_new_tokens is {max_new_tokens}; ask for at least 1")
-        if need > self.max_context:
-            raise DFlashError(
-                f"prompt ({n_prompt} tokens) + max_new_tokens ({max_new_tokens}) + block ({block}) = {need} exceeds "
-                f"the artifact's max_context {self.max_context}; shorten the request or compile with a larger --max-context"
-            )
+    def _check_draft_top_k(self, k, speculative: bool, proposer) -> int:
+        """The requested draft_top_k as an int, refused when these artifacts cannot give it."""
+        K = self.compiled_draft_top_k
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 0:
+            raise DFlashError(f"draft_top_k {k!r} is out of range: use 0 (off) or 1..{K}")
+        k = int(k)
+        if k == 0:
+            return 0
+        if K == 0:
+            raise DFlashError(f"draft_top_k {k}: {self.artifacts.folder} has no draft_topk entry point (manifest "
+                              f"draft_top_k is 0); recompile with dflash-iree compile --draft-top-k {k} (or more, up to 64)")
+        if k > K:
+            raise DFlashError(f"draft_top_k {k} is more than the {K} that {self.artifacts.folder} was compiled for "
+                              f"(manifest draft_top_k); ask for 1..{K}, or recompile with dflash-iree compile "
+                              f"--draft-top-k {k}")
+        if not speculative:
+            raise DFlashError("draft_top_k needs drafted decoding: with speculative=False (--no-draft) nothing is drafted")
+        if proposer is not None:
+            raise DFlashError("draft_top_k comes from the compiled drafter; it cannot be used with a proposer")
+        return k
 
     def _split_stops(self, stop) -> tuple[frozenset[int], list[str]]:
         items = [stop] if isinstance(stop, (str, int)) else list(stop or [])
@@ -154,7 +187,11 @@ class Engine:
             speculative: False for plain decoding.
             num_speculative_tokens: draft tokens verified per round, 1..block_size-1 (default all).
             stop: stop strings and/or token ids (eos ids always stop).
-            draft_top_k: > 0 also returns the drafter's top-K ids and log-probs per round.
+            draft_top_k: k > 0 also returns, per round, the drafter's k best ids and their
+                log-probs at every drafted position, from the compiled top-K dispatch
+                (`GenerationResult.draft_top_k`, see DraftTopK); 1..K of the artifacts
+                (`dflash-iree compile --draft-top-k K`, manifest `draft_top_k`). Drafting itself
+                is unchanged (the same draft ids, hence the same tokens).
             exact: plain decoding through the verify graph, so that drafted == plain holds bit for
                 bit even in bf16 on a GPU.
             enable_thinking: passed to the chat template (off: drafters are trained without it).
@@ -164,8 +201,9 @@ class Engine:
                 for the scripted-drafter tests.
 
         Raises:
-            DFlashError: bad sampling values, num_speculative_tokens or draft_top_k out of range,
-                or a request that does not fit max_context.
+            DFlashError: bad sampling values, num_speculative_tokens or draft_top_k out of range
+                (draft_top_k above the compiled K, or artifacts compiled without it), draft_top_k
+                without drafting, or a request that does not fit max_context.
         """
         pieces = list(self._run(prompt, max_new_tokens, temperature, top_k, top_p, seed, speculative,
                                 num_speculative_tokens, stop, draft_top_k, exact, enable_thinking, accept, proposer,
@@ -183,14 +221,13 @@ class Engine:
              accept=accept_length, proposer=None, stream=False):
         if temperature < 0 or top_k < 0 or not 0 < top_p <= 1:
             raise DFlashError(f"sampling out of range: temperature {temperature} (>= 0), top_k {top_k} (>= 0), top_p {top_p} (in (0, 1])")
-        if draft_top_k:
-            raise DFlashError("draft_top_k needs the top-K dispatch, which these artifacts do not have yet")
+        top_k_draft = self._check_draft_top_k(draft_top_k, speculative, proposer)
         ids = self.encode_prompt(prompt, enable_thinking)
         B = self.block_size
         n = B - 1 if num_speculative_tokens is None else int(num_speculative_tokens)
         if speculative and not 1 <= n <= B - 1:
             raise DFlashError(f"num_speculative_tokens {n} is out of range: use 1..{B - 1} (block_size - 1 of these artifacts)")
-        self._check_fits(len(ids), max_new_tokens, B)
+        check_fits(len(ids), max_new_tokens, B, self.max_context)
         stop_ids, stop_strings = self._split_stops(stop)
         m = self.module
         m.set_sampling(temperature, top_k, top_p, seed)
@@ -198,7 +235,8 @@ class Engine:
 
         t0 = time.perf_counter()
         first, prompt_taps = m.prefill(ids)
-        out, accepted = [first], []
+        out, accepted, draft_top = [first], [], []
+        lp_temperature = temperature if temperature > 0 else 1.0  # of the draft top-K's log-probs
         t1 = time.perf_counter()
         done = first in stop_ids or max_new_tokens == 1
         if speculative:
@@ -215,6 +253,10 @@ class Engine:
             else:
                 if proposer is not None:
                     draft = [int(d) for d in proposer.propose(list(ids) + out, None, ctx_start)][:n]
+                elif top_k_draft:
+                    draft, top_ids, top_lps = m.draft_topk(taps, ctx_start, n_valid, out[-1], start, lp_temperature)
+                    draft = draft[:n]
+                    draft_top.append(DraftTopK(top_ids[:n, :top_k_draft].tolist(), top_lps[:n, :top_k_draft].tolist()))
                 else:
                     draft = m.draft(taps, ctx_start, n_valid, out[-1], start)[:n]
                 chosen, taps = m.verify([out[-1]] + draft, start)
@@ -234,7 +276,7 @@ class Engine:
         if text is not None and stop_strings:
             at = find_stop(text, stop_strings)
             text = text if at is None else text[:at]
-        yield GenerationResult(out, text, accepted, (n + 1) if speculative else 1, (t1 - t0) * 1e3, t2 - t1)
+        yield GenerationResult(out, text, accepted, (n + 1) if speculative else 1, (t1 - t0) * 1e3, t2 - t1, draft_top)
 
     def _stop_string_cut(self, out: list[int], stops: list[str]) -> int | None:
         """Length of the shortest prefix of `out` whose text contains a stop string, or None."""

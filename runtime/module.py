@@ -1,10 +1,17 @@
 """One compiled module on one device: typed calls to its entry points for a single stream.
 
 Entry points (export/aot.py): `prefill`, `verify`, `decode` (each also `*_sampled`), `absorb`,
-`draft`. Every call passes `pages`, an int8 vector whose length bounds the KV cache rows that
-attention reads (`kv_page` rows a page), so a step's cost follows the context length, not
-`max_context`. Taps stay on the device: `prefill` and `verify` return them as device arrays and
-`absorb` / `draft` take them back.
+`draft`, and `draft_topk` when the artifacts were compiled with `--draft-top-k K` (K >= 1). Every
+call passes `pages`, an int8 vector whose length bounds the KV cache rows that attention reads
+(`kv_page` rows a page), so a step's cost follows the context length, not `max_context`. Taps stay
+on the device: `prefill` and `verify` return them as device arrays and `absorb` / `draft` take
+them back.
+
+Host transfer contract: every device -> host copy goes through `CompiledPair._host`, which counts
+the bytes in `host_bytes`. What it copies: the target's chosen tokens (int64, one per block row),
+the draft ids (int64 [B - 1]) and, from `draft_topk` only, the draft's top-K ids (int32
+[B - 1, K]) and log-probs (float32 [B - 1, K]): 8 * (B - 1) * K more bytes a round. Never logits,
+taps or caches (tests/test_runtime.py checks the count).
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ class CompiledPair:
         self.host_bytes = 0  # bytes copied device -> host, for the transfer contract
 
     def _host(self, array) -> np.ndarray:
-        """The one way results reach the host: small int64 token arrays only."""
+        """The one way results reach the host: token ids, and the draft top-K's [B - 1, K] arrays."""
         out = np.asarray(array)
         self.host_bytes += out.nbytes
         return out
@@ -90,3 +97,19 @@ class CompiledPair:
         out = self.fn["draft"](taps, np.array([ctx_start], np.int64), np.array([n_valid], np.int64),
                                np.array([anchor], np.int64), self._pages(start))
         return [int(t) for t in self._host(out)[0]]
+
+    def draft_topk(self, taps, ctx_start: int, n_valid: int, anchor: int, start: int, temperature: float):
+        """`draft`, plus the drafter's top-K at each drafted position (the `draft_topk` entry point).
+
+        Args:
+            temperature: > 0; the log-probs are log_softmax(drafter logits / temperature).
+
+        Returns:
+            (draft ids [B - 1] list, top-K ids int32 ndarray [B - 1, K], log-probs float32 ndarray
+            [B - 1, K]), K the compiled count; ids[:, 0] are the draft ids.
+        """
+        taps = self._zero_taps if taps is None else taps
+        draft, ids, lps = self.fn["draft_topk"](
+            taps, np.array([ctx_start], np.int64), np.array([n_valid], np.int64), np.array([anchor], np.int64),
+            self._pages(start), np.array([temperature], np.float32))
+        return [int(t) for t in self._host(draft)[0]], self._host(ids)[0], self._host(lps)[0]

@@ -1,5 +1,6 @@
 """The compiled path on the host CPU: compiled dflash == compiled plain == eager, the scripted drafter
-and planted control through the runtime, the transfer contract, repeat requests, refusals."""
+and planted control through the runtime, the transfer contract, repeat requests, refusals, and the
+draft top-K (`draft_top_k`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from safetensors.torch import load_file, save_file
 from test_exactness import BLOCK, PROMPTS, SAMPLINGS, ScriptedDrafter, broken_accept
 
@@ -16,6 +18,7 @@ from dflash_iree.acceptance import accept_length
 from dflash_iree.errors import DFlashError
 from dflash_iree.export.load import load_pair
 from dflash_iree.export.reference import generate_plain
+from dflash_iree.kernels.reference import score
 from dflash_iree.runtime.engine import Engine
 
 
@@ -84,6 +87,72 @@ def test_only_token_ids_cross_to_the_host(engine):
     assert per_round <= 8 * (2 * BLOCK - 1) + 8  # the prefill's first token spread over the rounds
 
 
+def test_draft_top_k_is_the_only_extra_transfer(engine):
+    """With draft_top_k, per round exactly the [B-1, K] int32 ids and float32 log-probs more (K the
+    compiled 8, whatever k was asked for)."""
+    before = engine.module.host_bytes
+    plain = engine.generate(PROMPTS[1], 60)
+    mid = engine.module.host_bytes
+    top = engine.generate(PROMPTS[1], 60, draft_top_k=3)
+    assert top.accepted == plain.accepted
+    assert (engine.module.host_bytes - mid) - (mid - before) == len(top.accepted) * (BLOCK - 1) * 8 * (4 + 4)
+
+
+@pytest.mark.parametrize("name", ["greedy", "t0.7-topk20-topp0.9"])
+def test_draft_top_k_leaves_decoding_unchanged(engine, name):
+    """The same draft ids, hence the same tokens and accepted counts; per round k ids per drafted
+    position, best first, whose first id is the draft token (checked where the draft was kept)."""
+    kw = _kw(SAMPLINGS[name])
+    base = engine.generate(PROMPTS[0], 50, num_speculative_tokens=5, **kw)
+    top = engine.generate(PROMPTS[0], 50, num_speculative_tokens=5, draft_top_k=3, **kw)
+    assert top.tokens == base.tokens and top.accepted == base.accepted and base.draft_top_k == []
+    assert len(top.draft_top_k) == len(top.accepted)
+    at = 0
+    for r, (ids, lps) in enumerate(top.draft_top_k):
+        assert len(ids) == len(lps) == 5 and all(len(row) == 3 for row in ids + lps)
+        assert all(row[0] >= row[1] >= row[2] and row[0] <= 0 for row in lps)
+        assert all(len(set(row)) == 3 and all(0 <= t < 512 for t in row) for row in ids)
+        kept = top.accepted[r]
+        assert [row[0] for row in ids[:kept]] == top.tokens[at + 1:at + 1 + kept]
+        at += kept + 1
+
+
+def test_draft_top_k_equals_eager_drafter(engine, eager):
+    """First round of a sampled request (T = 0.7): the compiled top-K against the eager drafter's
+    top_k at the request temperature; ids exact (ties only by kernels/reference.py), log-probs 1e-4."""
+    target, drafter = eager
+    prompt = PROMPTS[1]
+    gen = engine.generate(prompt, 3, temperature=0.7, seed=4, draft_top_k=8)
+    P, B = len(prompt), drafter.block_size
+    with torch.no_grad():
+        _, _, taps = target(torch.tensor([prompt]), torch.zeros(1, dtype=torch.int64), read_len=P, last_only=True)
+        drafter.absorb(taps, torch.zeros(1, dtype=torch.int64))
+        _, logits = drafter(target, torch.zeros(1, B, taps.shape[-1]), torch.tensor([P]), torch.tensor([0]),
+                            torch.tensor([gen.tokens[0]]), read_len=P + B)
+        want_ids, want_lps = drafter.top_k(logits, torch.tensor([0.7]), 8)
+    ids, lps = (torch.tensor(x) for x in gen.draft_top_k[0])
+    s = score(logits[0].numpy(), 0.7, ids.numpy(), lps.numpy())
+    assert s["id_mismatch"] == 0 and s["max_lp_err"] <= 1e-4, s
+    assert torch.equal(ids, want_ids[0]) or s["tie_swap"] > 0
+    assert (lps - want_lps[0]).abs().max().item() <= 1e-4
+
+
+def test_draft_top_k_refusals(engine, host_artifacts, tmp_path):
+    with pytest.raises(DFlashError, match=r"draft_top_k 9 is more than the 8 .* compiled for .*--draft-top-k 9"):
+        engine.generate(PROMPTS[0], 10, draft_top_k=9)
+    with pytest.raises(DFlashError, match=r"draft_top_k -1 is out of range"):
+        engine.generate(PROMPTS[0], 10, draft_top_k=-1)
+    with pytest.raises(DFlashError, match=r"draft_top_k needs drafted decoding"):
+        engine.generate(PROMPTS[0], 10, draft_top_k=2, speculative=False)
+    arts = shutil.copytree(host_artifacts, tmp_path / "no-topk")
+    m = json.loads((arts / "manifest.json").read_text())
+    m["draft_top_k"] = 0  # as compiled with --draft-top-k 0
+    (arts / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(DFlashError, match=r"has no draft_topk entry point .*recompile with dflash-iree compile "
+                                          r"--draft-top-k 2"):
+        Engine.load(arts).generate(PROMPTS[0], 10, draft_top_k=2)
+
+
 def test_repeat_requests_equal_fresh_engines(engine, host_artifacts):
     a1 = engine.generate(PROMPTS[1], 40, temperature=1.0, seed=5).tokens
     b1 = engine.generate(PROMPTS[0], 40).tokens
@@ -100,7 +169,7 @@ def test_num_speculative_tokens(engine):
 
 
 def test_over_long_request_refused(engine):
-    with pytest.raises(DFlashError, match="exceeds the artifact's max_context 256"):
+    with pytest.raises(DFlashError, match=r"\+ block \(8\) = 268 exceeds max_context 256; .*--max-context"):
         engine.generate(list(range(200)), 60)
 
 
@@ -150,9 +219,16 @@ def test_cli_generate_json_and_refusals(host_artifacts, tmp_path):
     out = json.loads(ok.stdout)
     plain = json.loads(run(str(host_artifacts), "--prompt-ids", "7 300 12", "--max-new-tokens", "10", "--json",
                            "--no-draft").stdout)
-    assert out["tokens"] == plain["tokens"] and out["stats"]["tau_mean"] >= 1
+    assert out["tokens"] == plain["tokens"] and out["stats"]["tau_mean"] >= 1 and "draft_top_k" not in out
+    top = run(str(host_artifacts), "--prompt-ids", "7 300 12", "--max-new-tokens", "10", "--json", "--draft-top-k", "2")
+    assert top.returncode == 0, top.stderr
+    top = json.loads(top.stdout)
+    assert top["tokens"] == out["tokens"] and len(top["draft_top_k"]) == len(top["stats"]["accepted"])
+    assert all(len(r["ids"]) == 7 and len(r["ids"][0]) == len(r["logprobs"][0]) == 2 for r in top["draft_top_k"])
+    over = run(str(host_artifacts), "--prompt-ids", "7 300 12", "--draft-top-k", "9")
+    assert over.returncode == 2 and "draft_top_k 9 is more than the 8" in over.stderr and "Traceback" not in over.stderr
     missing = run(str(tmp_path / "nothing"), "--prompt-ids", "1")
     assert missing.returncode == 2 and "manifest.json does not exist" in missing.stderr
     assert "Traceback" not in missing.stderr
     long = run(str(host_artifacts), "--prompt-ids", " ".join(["1"] * 250), "--max-new-tokens", "10")
-    assert long.returncode == 2 and "exceeds the artifact's max_context" in long.stderr
+    assert long.returncode == 2 and "exceeds max_context 256" in long.stderr
