@@ -1,0 +1,362 @@
+"""Qwen3-8B-shaped speed on a GPU: decode, verify and draft steps against bandwidth and PyTorch peers.
+
+    python bench/speed_8b.py prepare [--arch h200]          # here: compile the 8B pair (block 16, and block 8)
+    PYTHONPATH=. python bench/speed_8b.py run --json OUT    # on the GPU machine (iree.runtime + torch with CUDA)
+    python bench/speed_8b.py report OUT                     # here: the table of docs/benchmarks.md
+
+The target is tests/fixtures/qwen3-8b (36 layers, hidden 4096, untied, bf16) and the drafter
+tests/fixtures/qwen3-8b-dflash-b16 (5 layers, taps [1, 9, 17, 25, 33]). No checkpoint travels: `run`
+builds our own `export/` modules on the GPU, whose default initialization is the random bf16 weights,
+and binds the very same tensors (copied to host memory once) into the compiled module through
+`iree.runtime.ParameterIndex.add_buffer`. Everything below is measured in that one process:
+
+- copy bandwidth: a 4 GiB device-to-device copy (torch), 2 x bytes / time;
+- IREE decode (1 token), verify (block 16; block 8 from the second artifact when present) and draft
+  (block 16) steps, each a synchronous call as the runtime makes it, chosen tokens read back; after a
+  512-token prefill, so attention reads ~530 cache rows;
+- achieved bandwidth of decode = the target's weight bytes read per step (every parameter but the
+  embedding table) x steps per second;
+- peers on the same weights: the same `Qwen3` module in PyTorch eager, and under `torch.compile`
+  (default mode, and "reduce-overhead", which adds CUDA graphs), 64 decode steps chained on the device,
+  attending over the same number of cache rows.
+
+Goals (issues 7 and 8): decode >= 70% of copy bandwidth and not slower than torch.compile;
+verify/decode <= 1.3; draft/verify <= 1.1 x (drafter bytes + lm_head bytes) / target bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGET = ROOT / "tests" / "fixtures" / "qwen3-8b"
+DRAFTER = ROOT / "tests" / "fixtures" / "qwen3-8b-dflash-b16"
+WORK = ROOT / ".gpu"
+PROMPT_LEN = 512
+MAX_CONTEXT = 1024  # the torch peers' cache: the steps never reach past it
+STEPS = 64
+DEV = "cuda"
+
+
+def artifact_dir(arch: str, block: int) -> Path:
+    return WORK / f"8b-b{block}-{arch}"
+
+
+def prepare(arch: str, blocks: list[int]) -> None:
+    """Compile the 8B pair as `make compile` does (max_context 4096) for `arch` at each block size into
+    .gpu/ (git-ignored; carry it)."""
+    from dflash_iree.export.compile import compile_artifacts, resolve_arch
+
+    name = resolve_arch(arch)[0].name
+    for block in blocks:
+        compile_artifacts(arch, TARGET, DRAFTER, artifact_dir(name, block), block_size=block, dtype="bf16")
+
+
+# ---------------------------------------------------------------- on the GPU
+
+
+def _times(fn, n: int, warmup: int = 3) -> list[float]:
+    """Wall ms of `n` calls of fn() after `warmup` calls; fn must return only when its work is done."""
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+def _summary(ms: list[float]) -> dict:
+    q = statistics.quantiles(ms, n=10)
+    return {"median_ms": round(statistics.median(ms), 4), "p10_ms": round(q[0], 4), "p90_ms": round(q[-1], 4),
+            "n": len(ms)}
+
+
+def _copy_bandwidth(torch) -> dict:
+    n = 4 * 2**30
+    src = torch.empty(n, dtype=torch.uint8, device=DEV)
+    dst = torch.empty_like(src)
+
+    def copy():
+        dst.copy_(src)
+        torch.cuda.synchronize()
+
+    ms = _times(copy, 20)
+    s = _summary(ms)
+    del src, dst
+    torch.cuda.empty_cache()
+    return {**s, "bytes": n, "tb_per_s": round(2 * n / (s["median_ms"] * 1e-3) / 1e12, 3)}
+
+
+def _bytes(module) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def _build(torch):
+    """Target and drafter on the GPU with random bf16 weights (the modules' own initialization)."""
+    from dflash_iree.config import load_drafter_config, load_target_config
+    from dflash_iree.export.dflash import DFlashDrafter
+    from dflash_iree.export.qwen3 import Qwen3
+
+    tcfg = load_target_config(TARGET)
+    dcfg = load_drafter_config(DRAFTER, tcfg)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        target = Qwen3(tcfg, MAX_CONTEXT, (), 1, torch.bfloat16).eval()
+        drafter = DFlashDrafter(dcfg, MAX_CONTEXT, dcfg.block_size, 1, torch.bfloat16).eval()
+    target.requires_grad_(False)
+    drafter.requires_grad_(False)
+    return tcfg, target, drafter
+
+
+def _indexes(target, drafter, keep: list):
+    """One ParameterIndex per scope holding host copies of the GPU tensors (kept alive in `keep`)."""
+    import iree.runtime as rt
+    import torch
+
+    out = {}
+    for scope, module in (("target", target), ("drafter", drafter)):
+        index = rt.ParameterIndex()
+        for key, p in module.named_parameters():
+            host = p.detach().view(torch.int16).cpu().numpy() if p.dtype == torch.bfloat16 else p.detach().cpu().numpy()
+            keep.append(host)
+            index.add_buffer(key, host)
+        out[scope] = index
+    return out
+
+
+def _iree_steps(folder: Path, indexes: dict, device, rows: int) -> dict:
+    """decode / verify / draft step times of one compiled artifact, after a PROMPT_LEN prefill."""
+    from dflash_iree.runtime.artifacts import Artifacts
+
+    arts = Artifacts.load(folder)
+    t0 = time.perf_counter()
+    pair = arts.bind_indexes(device, indexes)
+    B = arts.block_size
+    prompt = [(7 * i + 3) % 1000 + 10 for i in range(PROMPT_LEN)]
+    first, taps = pair.prefill(prompt)
+    pair.absorb(taps)
+    load_s = time.perf_counter() - t0
+    out = {"artifact": folder.name, "arch": arts.arch, "block_size": B, "load_and_prefill_s": round(load_s, 2)}
+
+    start = PROMPT_LEN
+    state = {"tok": first, "pos": start}
+
+    def decode():
+        state["tok"] = pair.decode(state["tok"], state["pos"])
+        state["pos"] += 1
+
+    out["decode"] = _summary(_times(decode, STEPS))
+    block = [first] + [11 + i for i in range(B - 1)]
+    verify_taps = {}
+
+    def verify():
+        _, verify_taps["t"] = pair.verify(block, start)  # the same block again: rollback by length
+
+    out["verify"] = _summary(_times(verify, 32))
+
+    def draft():
+        pair.draft(verify_taps["t"], start, B, block[-1], start + B)
+
+    out["draft"] = _summary(_times(draft, 32))
+
+    def round_():
+        pair.draft(verify_taps["t"], start, B, block[-1], start + B)
+        _, verify_taps["t"] = pair.verify(block, start)
+
+    out["round"] = _summary(_times(round_, 32))
+    out["decode_cache_rows"] = rows
+    del pair
+    return out
+
+
+def _torch_decode(torch, target, mode: str | None, rows: int) -> dict:
+    """tok/s of 64 chained greedy decode steps of our Qwen3 module, eager or torch.compile(mode)."""
+    target.kv_cache.zero_()
+
+    def step(tok, start):
+        return target(tok, start, None, read_len=rows)[0]
+
+    compiled = step if mode is None else torch.compile(step, mode=mode, fullgraph=True)
+    graphs = mode is not None and "overhead" in mode
+
+    def fn(tok, start):
+        if graphs:  # a CUDA graph's output is overwritten by its next replay: mark the step, copy the token
+            torch.compiler.cudagraph_mark_step_begin()
+            return compiled(tok, start).clone()
+        return compiled(tok, start)
+
+    tok = torch.tensor([[11]], dtype=torch.int64, device=DEV)
+    t0 = time.perf_counter()
+    for i in range(3):  # compile and warm up
+        tok = fn(tok, torch.tensor([PROMPT_LEN + i], device=DEV))
+    torch.cuda.synchronize()
+    warm_s = time.perf_counter() - t0
+    starts = [torch.tensor([PROMPT_LEN + i], device=DEV) for i in range(STEPS)]
+    runs = []
+    for _ in range(3):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for s in starts:
+            tok = fn(tok, s)
+        torch.cuda.synchronize()
+        runs.append((time.perf_counter() - t0) * 1e3 / STEPS)
+    ms = statistics.median(runs)
+    return {"mode": mode or "eager", "step_ms": round(ms, 4), "tok_per_s": round(1e3 / ms, 1),
+            "runs_ms": [round(r, 4) for r in runs], "compile_and_warmup_s": round(warm_s, 1)}
+
+
+def run(out_json: Path, arch: str, peers: bool, runtime_flags: list[str], blocks: list[int]) -> dict:
+    import iree.runtime as rt
+    import torch
+
+    if runtime_flags:  # before the driver is created
+        rt.flags.parse_flags(*runtime_flags)
+    result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "prompt_tokens": PROMPT_LEN,
+              "runtime_flags": runtime_flags}
+    result["copy"] = _copy_bandwidth(torch)
+    print(f"copy bandwidth {result['copy']['tb_per_s']} TB/s", flush=True)
+    tcfg, target, drafter = _build(torch)
+    embed = target.model.embed_tokens.weight
+    tbytes = _bytes(target) - embed.numel() * embed.element_size()  # decode reads one embedding row
+    lm = target.lm_head.weight
+    dbytes = _bytes(drafter) + lm.numel() * lm.element_size()
+    result["bytes"] = {"target_read_per_step": tbytes, "drafter_plus_lm_head": dbytes,
+                       "draft_verify_bytes_ratio": round(dbytes / tbytes, 4)}
+    keep: list = []
+    t0 = time.perf_counter()
+    indexes = _indexes(target, drafter, keep)
+    result["host_copy_s"] = round(time.perf_counter() - t0, 1)
+    print(f"weights: target reads {tbytes / 1e9:.2f} GB a step; host copies in {result['host_copy_s']} s", flush=True)
+    device = rt.get_device("cuda")
+    rows = -(-(PROMPT_LEN + STEPS + 3) // 32) * 32
+    result["iree"] = {}
+    for block in blocks:
+        folder = artifact_dir(arch, block)
+        if not (folder / "manifest.json").is_file():
+            print(f"skip {folder}: not compiled", flush=True)
+            continue
+        r = _iree_steps(folder, indexes, device, rows)
+        result["iree"][f"b{block}"] = r
+        print(f"iree b{block}: decode {r['decode']['median_ms']:.3f} ms, verify {r['verify']['median_ms']:.3f} ms, "
+              f"draft {r['draft']['median_ms']:.3f} ms (load {r['load_and_prefill_s']} s)", flush=True)
+    del indexes, keep
+    result["peers"] = []
+    if peers:
+        for mode in (None, "default", "reduce-overhead"):
+            try:
+                r = _torch_decode(torch, target, mode, rows)
+            except Exception as e:  # a peer that fails is reported, not fatal
+                r = {"mode": mode or "eager", "error": f"{type(e).__name__}: {str(e)[:300]}"}
+            result["peers"].append(r)
+            print(f"torch {r['mode']}: {r.get('tok_per_s')} tok/s {r.get('error', '')}", flush=True)
+    _derive(result)
+    out_json.parent.mkdir(parents=True, exist_ok=True)
+    out_json.write_text(json.dumps(result, indent=1) + "\n")
+    print(format_table(result))
+    return result
+
+
+def _derive(r: dict) -> None:
+    """Ratios and goal checks from the raw times (also run by `report`)."""
+    b16 = r["iree"].get("b16")
+    if not b16:
+        return
+    dec, ver, dra = (b16[k]["median_ms"] for k in ("decode", "verify", "draft"))
+    copy = r["copy"]["tb_per_s"]
+    achieved = r["bytes"]["target_read_per_step"] / (dec * 1e-3) / 1e12
+    peers = {p["mode"]: p["tok_per_s"] for p in r["peers"] if "tok_per_s" in p}
+    best_compile = max((v for k, v in peers.items() if k != "eager"), default=None)
+    d = {
+        "decode_tok_per_s": round(1e3 / dec, 1),
+        "decode_tb_per_s": round(achieved, 3),
+        "decode_fraction_of_copy": round(achieved / copy, 3),
+        "verify_decode_ratio": round(ver / dec, 3),
+        "draft_verify_ratio": round(dra / ver, 3),
+        "draft_verify_goal": round(1.1 * r["bytes"]["draft_verify_bytes_ratio"], 3),
+        "best_torch_compile_tok_per_s": best_compile,
+    }
+    if "b8" in r["iree"]:
+        d["verify8_decode_ratio"] = round(r["iree"]["b8"]["verify"]["median_ms"] / dec, 3)
+    r["derived"] = d
+    r["verify_decode_ratio"] = d["verify_decode_ratio"]
+
+
+def format_table(r: dict) -> str:
+    """The markdown tables of docs/benchmarks.md."""
+    if "derived" not in r:
+        return "no IREE results"
+    d, b16 = r["derived"], r["iree"]["b16"]
+    lines = [f"{r['device']}, copy bandwidth {r['copy']['tb_per_s']:.2f} TB/s; target reads "
+             f"{r['bytes']['target_read_per_step'] / 1e9:.2f} GB a step; after a {r['prompt_tokens']}-token prompt",
+             "", "| step | median ms (p10..p90) | |", "|---|---|---|"]
+    for name in ("decode", "verify", "draft", "round"):
+        s = b16[name]
+        lines.append(f"| {name} (b16) | {s['median_ms']:.3f} ({s['p10_ms']:.3f}..{s['p90_ms']:.3f}) | |")
+    if "b8" in r["iree"]:
+        s = r["iree"]["b8"]["verify"]
+        lines.append(f"| verify (b8) | {s['median_ms']:.3f} ({s['p10_ms']:.3f}..{s['p90_ms']:.3f}) | |")
+    lines += ["", "| goal | measured | goal | met |", "|---|---|---|---|"]
+
+    def row(name, value, goal, ok):
+        lines.append(f"| {name} | {value} | {goal} | {'yes' if ok else 'no'} |")
+
+    frac = d["decode_fraction_of_copy"]
+    row("plain decode bandwidth", f"{d['decode_tb_per_s']:.2f} TB/s = {frac:.0%} of copy", ">= 70%", frac >= 0.7)
+    best = d["best_torch_compile_tok_per_s"]
+    if best:
+        row("plain decode vs torch.compile", f"{d['decode_tok_per_s']:.1f} vs {best:.1f} tok/s",
+            ">= torch.compile", d["decode_tok_per_s"] >= best)
+    row("verify(16) / decode", f"{d['verify_decode_ratio']:.2f}", "<= 1.3", d["verify_decode_ratio"] <= 1.3)
+    if "verify8_decode_ratio" in d:
+        lines.append(f"| verify(8) / decode | {d['verify8_decode_ratio']:.2f} | (reported) | |")
+    row("draft / verify", f"{d['draft_verify_ratio']:.2f}", f"<= {d['draft_verify_goal']:.2f} (1.1 x bytes ratio "
+        f"{r['bytes']['draft_verify_bytes_ratio']:.2f})", d["draft_verify_ratio"] <= d["draft_verify_goal"])
+    if r["peers"]:
+        lines += ["", "| plain decode, same weights | tok/s | step ms |", "|---|---|---|",
+                  f"| IREE (ours, {b16['arch']}) | {d['decode_tok_per_s']:.1f} | {b16['decode']['median_ms']:.3f} |"]
+        for p in r["peers"]:
+            if "error" in p:
+                lines.append(f"| torch {p['mode']} | failed: {p['error'][:80]} | |")
+            else:
+                lines.append(f"| torch {p['mode']} | {p['tok_per_s']:.1f} | {p['step_ms']:.3f} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("prepare")
+    p.add_argument("--arch", default="h200")
+    p.add_argument("--blocks", type=int, nargs="+", default=[16, 8])
+    r = sub.add_parser("run")
+    r.add_argument("--json", default=str(WORK / "speed_8b.json"))
+    r.add_argument("--arch", default="sm_80")
+    r.add_argument("--no-peers", action="store_true")
+    r.add_argument("--blocks", type=int, nargs="+", default=[16, 8])
+    r.add_argument("--runtime-flag", action="append", default=[], dest="runtime_flags",
+                   help="an iree.runtime driver flag, repeatable; write --runtime-flag=--cuda_use_streams=false")
+    q = sub.add_parser("report")
+    q.add_argument("json")
+    args = ap.parse_args()
+    if args.cmd == "prepare":
+        prepare(args.arch, args.blocks)
+    elif args.cmd == "run":
+        run(Path(args.json), args.arch, not args.no_peers, args.runtime_flags, args.blocks)
+    else:
+        r = json.loads(Path(args.json).read_text())
+        _derive(r)
+        print(format_table(r))
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", "/tmp/inductor")
+    sys.exit(main())
