@@ -1,4 +1,4 @@
-"""`make kernels`: rebuild the committed top-K objects with the pinned clang, inspect them, write the manifest.
+"""`make kernels`: rebuild the committed kernel objects (top-K, skinny GEMM) with the pinned clang, inspect them, write the manifest.
 
     python -m dflash_iree.kernels.build            # rebuild kernels/objects/ and its manifest.json
     python -m dflash_iree.kernels.build --check    # rebuild into a temporary folder, compare bytes
@@ -25,14 +25,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .isa import inspect_object
+from .isa import inspect_object, kernels_of
 
 HERE = Path(__file__).resolve().parent
 OBJECTS = HERE / "objects"
 CLANG, LLD = "clang-19", "ld.lld-19"
 PINNED = "19.1.7"
 PTX_ISA = "7.8"
-SOURCES = ("topk_body.h", "topk_gpu.cu", "topk_cpu.c")
+SOURCES = ("topk_body.h", "topk_gpu.cu", "topk_cpu.c", "gemm_body.h", "gemm_gpu.cu")
 
 # Embedded-ELF objects: no libc or builtins to call, no stack protector (no TLS), and the fast-math
 # subset that lets clang vectorize the exp sum (reassociation), without assuming finite values
@@ -54,6 +54,12 @@ def targets() -> dict[str, tuple[str, list[str]]]:
         out[f"topk_{arch}.co"] = (arch, ["-x", "hip", f"--offload-arch={arch}", "--offload-device-only",
                                          "--no-gpu-bundle-output", "-fuse-cuid=none", "-nogpulib", "-nogpuinc", "-O3",
                                          f"--ld-path={shutil.which(LLD) or LLD}", "topk_gpu.cu"])
+    # The skinny GEMM (gemm_gpu.cu): GPU archs with matrix instructions only (gfx1030 has no WMMA;
+    # the host CPU keeps IREE's own matmul).
+    for arch in ("sm_80", "sm_86", "sm_89"):
+        out[f"gemm_{arch}.ptx"] = (arch, [a if a != "topk_gpu.cu" else "gemm_gpu.cu" for a in out[f"topk_{arch}.ptx"][1]])
+    for arch in ("gfx1100", "gfx1151", "gfx1201"):
+        out[f"gemm_{arch}.co"] = (arch, [a if a != "topk_gpu.cu" else "gemm_gpu.cu" for a in out[f"topk_{arch}.co"][1]])
     out["topk_x86_64.o"] = ("host", ["--target=x86_64-unknown-unknown-eabi-elf", "-march=x86-64-v3", *_CPU_FLAGS,
                                      "-c", "topk_cpu.c"])
     out["topk_arm_64.o"] = ("host-arm_64", ["--target=aarch64-none-elf", "-march=armv8-a", *_CPU_FLAGS,
@@ -82,7 +88,7 @@ def build(outdir: Path) -> dict:
     for name, (arch, args) in targets().items():
         out = outdir / name
         subprocess.run([CLANG, *args, "-o", str(out)], cwd=HERE, check=True)
-        problems = inspect_object(out, arch.replace("host-arm_64", "host"))
+        problems = inspect_object(out, arch.replace("host-arm_64", "host"), kernels_of(name))
         if problems:
             raise RuntimeError(f"{name}: " + "; ".join(problems))
         shown = [a if not a.startswith("--ld-path=") else f"--ld-path={LLD}" for a in args]

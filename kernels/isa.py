@@ -14,6 +14,12 @@ import struct
 from pathlib import Path
 
 KERNELS = ("dflash_topk_partial", "dflash_topk_merge")
+GEMM_KERNELS = ("dflash_gemm_mt1", "dflash_gemm_mt2", "dflash_gemm_mt3", "dflash_gemm_mt4", "dflash_gemm_reduce")
+
+
+def kernels_of(name: str) -> tuple[str, ...]:
+    """The entry points an object file must hold, from its name (topk_* or gemm_*)."""
+    return GEMM_KERNELS if Path(name).name.startswith("gemm_") else KERNELS
 EM_AMDGPU, EM_X86_64, EM_AARCH64 = 224, 62, 183
 NT_AMDGPU_METADATA = 32
 # EF_AMDGPU_MACH (e_flags & 0xff) per chip, from LLVM's AMDGPUUsage table.
@@ -113,10 +119,11 @@ def amdgpu_kernels(path: Path) -> dict[str, dict]:
     raise ValueError(f"{path}: no AMDGPU metadata note")
 
 
-def inspect_object(path: Path, arch: str) -> list[str]:
+def inspect_object(path: Path, arch: str, kernels: tuple[str, ...] = KERNELS) -> list[str]:
     """Problems found in ARCH's object at PATH (empty when it is sound).
 
-    gfx*: an AMDGPU ELF for that chip holding both kernels with no scratch and no spills.
+    kernels: the entry points it must hold (default the top-K pair; GEMM_KERNELS for gemm_*).
+    gfx*: an AMDGPU ELF for that chip holding the kernels with no scratch and no spills.
     sm_*: PTX for that target at an ISA version CUDA 12 drivers load (<= 8.0), both entries,
     no local-memory declarations. host: an ELF with both workgroup functions and no undefined symbols.
     """
@@ -125,9 +132,9 @@ def inspect_object(path: Path, arch: str) -> list[str]:
         elf = Elf(path.read_bytes())
         if elf.machine != EM_AMDGPU or (elf.flags & 0xFF) != AMDGPU_MACH[arch]:
             problems.append(f"machine {elf.machine}, flags {elf.flags:#x}: not a {arch} code object")
-        kernels = amdgpu_kernels(path)
-        for k in KERNELS:
-            meta = kernels.get(k)
+        metas = amdgpu_kernels(path)
+        for k in kernels:
+            meta = metas.get(k)
             if meta is None:
                 problems.append(f"kernel {k} missing")
                 continue
@@ -143,7 +150,7 @@ def inspect_object(path: Path, arch: str) -> list[str]:
             problems.append(f"PTX ISA {version[0] if version else '?'}: CUDA 12.0 drivers load up to 8.0")
         if not re.search(rf"^\.target {arch}\b", ptx, re.M):
             problems.append(f"PTX is not for .target {arch}")
-        for k in KERNELS:
+        for k in kernels:
             if not re.search(rf"\.entry {k}\(", ptx):
                 problems.append(f"entry {k} missing")
         if re.search(r"\.local\b", ptx):
@@ -151,7 +158,7 @@ def inspect_object(path: Path, arch: str) -> list[str]:
     else:
         elf = Elf(path.read_bytes())
         syms = elf.symbols()
-        for k in KERNELS:
+        for k in kernels:
             if syms.get(f"{k}_cpu", 0) == 0:
                 problems.append(f"function {k}_cpu missing")
         undefined = sorted(s for s, ndx in syms.items() if ndx == 0)

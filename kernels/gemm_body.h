@@ -1,0 +1,176 @@
+/* Skinny GEMM y[M, N] = x[M, K] . W[N, K]^T: the one kernel body for every GPU backend.
+ *
+ * x and W are bf16 (W is the checkpoint's weight, row-major [N, K], read in place), the products
+ * are accumulated in f32 by the matrix units (NVIDIA mma.sync m16n8k16, AMD WMMA 16x16x16), and y is
+ * bf16, rounded once (to nearest, ties to even) at the end. M is small (1..64): the rows are padded
+ * with zeros to GM_MT m-tiles of 16, so a weight element costs 2*16*GM_MT flops, which the matrix
+ * units do at far more than memory bandwidth; the kernel is a stream over W.
+ *
+ * Decomposition. A workgroup of GM_WARPS warps (waves) owns GM_BN = GM_WARPS * GM_CW * GM_TN
+ * consecutive columns and one split, [s*KR, (s+1)*KR). Every warp walks the whole
+ * split for its GM_CW column tiles of GM_TN columns; the warps of a workgroup read the same x
+ * columns at the same time, so x comes from L1/L0 and only W streams from memory. With S = K/KR > 1
+ * splits each workgroup writes its f32 partial sums, then counts itself in cnt[column block] (an
+ * integer atomic); the workgroup that arrives last adds the S partials of its columns in the order
+ * s = 0..S-1, whoever arrives last, rounds to bf16, writes y and resets the counter to 0 for the
+ * next call (no float atomics, one dispatch). With S = 1 the kernel rounds and writes y itself.
+ * (gm_reduce_workgroup is the same sum as a separate dispatch, for when no counter is at hand.)
+ *
+ * Numerics contract: y[m, :] depends only on x[m, :] and W. The k order of each output's sum is
+ * fixed by (N, K, the split) alone: within a split the k range is consumed in "chunks" of GM_KC
+ * k-values, in increasing order, each chunk by the backend's fixed sequence of matrix
+ * instructions, accumulating into one f32 register per output; the split partials are then added
+ * in split order. Nothing depends on M, on GM_MT, on GM_CW, on GM_U or on where a row sits in its
+ * m-tile: a matrix instruction computes each output element from its own row of A and column of B.
+ *
+ * A split's chunks are loaded GM_U at a time (a round), the rest of the split one at a time; either
+ * way they are consumed in increasing k order. A chunk's k-values are loaded by each lane as contiguous 16-byte vectors of W (coalesced: the
+ * lanes of a column read one contiguous segment), and given to the matrix instruction under a fixed
+ * permutation of k; the x fragments are loaded with the same permutation, so the sum is unchanged.
+ *
+ * Each backend layer (gemm_gpu.cu) defines before including this file:
+ *   GM_FN, GM_TID(), GM_WG_X(), GM_WG_Y()  qualifiers, thread id, workgroup ids
+ *   GM_WARPS, GM_CW, GM_U         warps per workgroup, column tiles per warp, chunks per round
+ *   GM_TN, GM_KC                  columns per tile, k-values per chunk
+ *   gm_wfrag, gm_xfrag, gm_acc    a lane's W fragment of one chunk, x fragment of one chunk and
+ *                                 m-tile, accumulator of one m-tile x column tile
+ *   gm_load_w(f, w, col, k, ok)   W fragment of tile column base `col` at chunk start k (zeros if !ok)
+ *   gm_load_x(f, x, row0, k, M, K) x fragment of m-tile rows row0.. at chunk start k (rows >= M are 0)
+ *   gm_mma(acc, xf, wf)           acc += the chunk's products
+ *   gm_acc_zero(acc)
+ *   gm_acc_get(acc, i, &row, &col) element i of GM_ACC_N of a lane's accumulator and its
+ *                                 (row within the m-tile, column within the tile)
+ *   GM_ACC_N                      f32 values per lane per accumulator
+ *   GM_SHARED, GM_BARRIER()       workgroup-shared storage, workgroup barrier
+ *   GM_FENCE()                    device-scope memory fence (orders the partials and the count)
+ * The number of m-tiles MT (1..4) is a template parameter: one entry point per MT.
+ */
+#ifndef DFLASH_GEMM_BODY_H
+#define DFLASH_GEMM_BODY_H
+
+#define GM_BN (GM_WARPS * GM_CW * GM_TN)
+#define GM_LANES 32
+
+/* f32 -> bf16 bits, round to nearest even; NaN stays a (quiet) NaN. */
+GM_FN unsigned short gm_bf16(float f) {
+  union { float f; unsigned u; } v;
+  v.f = f;
+  unsigned u = v.u;
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
+  return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* One workgroup of the main dispatch (grid (ceil(N / GM_BN), S)). When S == 1, y is bf16[M*N];
+ * otherwise part is f32[S*M*N] (split-major scratch) and cnt int32[ceil(N / GM_BN)] is zero on entry
+ * and left zero. */
+template <int GM_MT>
+GM_FN void gm_workgroup(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
+                        unsigned short* __restrict__ y, float* __restrict__ part, int* cnt, int M, int N, int K,
+                        int KR, int S, int wg_x, int wg_y, int tid) {
+  const int warp = tid / GM_LANES;
+  const int col_w = wg_x * GM_BN + warp * (GM_CW * GM_TN); /* this warp's first column */
+  const int k0 = wg_y * KR;
+  gm_acc acc[GM_MT][GM_CW];
+  int ok[GM_CW];
+#pragma unroll
+  for (int c = 0; c < GM_CW; ++c) {
+    ok[c] = col_w + c * GM_TN < N; /* N is a multiple of GM_TN: a tile is all in or all out */
+#pragma unroll
+    for (int mt = 0; mt < GM_MT; ++mt) gm_acc_zero(&acc[mt][c]);
+  }
+  const int k_end = k0 + KR;
+  int kk = k0;
+  for (; kk + GM_KC * GM_U <= k_end; kk += GM_KC * GM_U) { /* whole rounds: GM_U chunks in flight */
+    gm_wfrag wf[GM_CW][GM_U];
+#pragma unroll
+    for (int j = 0; j < GM_U; ++j)
+#pragma unroll
+      for (int c = 0; c < GM_CW; ++c) gm_load_w(&wf[c][j], w, col_w + c * GM_TN, kk + j * GM_KC, K, ok[c]);
+#pragma unroll
+    for (int j = 0; j < GM_U; ++j) {
+#pragma unroll
+      for (int mt = 0; mt < GM_MT; ++mt) {
+        gm_xfrag xf;
+        gm_load_x(&xf, x, mt * 16, kk + j * GM_KC, M, K);
+#pragma unroll
+        for (int c = 0; c < GM_CW; ++c) gm_mma(&acc[mt][c], &xf, &wf[c][j]);
+      }
+    }
+  }
+  for (; kk < k_end; kk += GM_KC) { /* the rest, a chunk at a time (the same chunk order) */
+    gm_wfrag wf[GM_CW];
+#pragma unroll
+    for (int c = 0; c < GM_CW; ++c) gm_load_w(&wf[c], w, col_w + c * GM_TN, kk, K, ok[c]);
+#pragma unroll
+    for (int mt = 0; mt < GM_MT; ++mt) {
+      gm_xfrag xf;
+      gm_load_x(&xf, x, mt * 16, kk, M, K);
+#pragma unroll
+      for (int c = 0; c < GM_CW; ++c) gm_mma(&acc[mt][c], &xf, &wf[c]);
+    }
+  }
+#pragma unroll
+  for (int mt = 0; mt < GM_MT; ++mt)
+#pragma unroll
+    for (int c = 0; c < GM_CW; ++c) {
+      if (!ok[c]) continue;
+#pragma unroll
+      for (int i = 0; i < GM_ACC_N; ++i) {
+        int r, cc;
+        float v = gm_acc_get(&acc[mt][c], i, &r, &cc);
+        int row = mt * 16 + r, col = col_w + c * GM_TN + cc;
+        if (row >= M) continue;
+        if (S == 1)
+          y[row * N + col] = gm_bf16(v);
+        else
+          part[((long)wg_y * M + row) * N + col] = v;
+      }
+    }
+  if (S == 1) return;
+  /* Split-K: the last workgroup of this column block to finish adds the partials in split order. */
+  GM_SHARED int gm_last;
+  GM_FENCE();
+  GM_BARRIER();
+  if (tid == 0)
+    gm_last = __scoped_atomic_fetch_add(&cnt[wg_x], 1, __ATOMIC_ACQ_REL, __MEMORY_SCOPE_DEVICE) == S - 1;
+  GM_BARRIER();
+  if (!gm_last) return;
+  GM_FENCE();
+  const int c0 = wg_x * GM_BN;
+  const int cols = N - c0 < GM_BN ? N - c0 : GM_BN;
+  for (int e = tid; e < M * cols; e += GM_WARPS * GM_LANES) {
+    int row = e / cols, col = c0 + e % cols;
+    const int* p = (const int*)part + (long)row * N + col;
+    float s = 0.0f;
+    for (int sp = 0; sp < S; ++sp) {
+      union { int i; float f; } u;
+      u.i = __scoped_atomic_load_n(p + (long)sp * M * N, __ATOMIC_RELAXED, __MEMORY_SCOPE_DEVICE);
+      s += u.f;
+    }
+    y[row * N + col] = gm_bf16(s);
+  }
+  if (tid == 0) __scoped_atomic_store_n(&cnt[wg_x], 0, __ATOMIC_RELAXED, __MEMORY_SCOPE_DEVICE);
+}
+
+/* One workgroup of the reduce dispatch (grid (ceil(M*N / (GM_RT*4)))): y[e] = bf16(sum_s part[s][e]),
+ * s in increasing order, 4 consecutive elements per thread. */
+#define GM_RT 256
+GM_FN void gm_reduce_workgroup(const float* __restrict__ part, unsigned short* __restrict__ y, int MN, int S,
+                               int wg_x, int tid) {
+  int e = (wg_x * GM_RT + tid) * 4;
+  if (e >= MN) return; /* MN is a multiple of 4 (N is a multiple of 8) */
+  float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+  for (int s = 0; s < S; ++s) {
+    const float* p = part + (long)s * MN + e;
+    s0 += p[0];
+    s1 += p[1];
+    s2 += p[2];
+    s3 += p[3];
+  }
+  y[e] = gm_bf16(s0);
+  y[e + 1] = gm_bf16(s1);
+  y[e + 2] = gm_bf16(s2);
+  y[e + 3] = gm_bf16(s3);
+}
+
+#endif

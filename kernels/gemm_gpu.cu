@@ -1,0 +1,189 @@
+/* GPU layer of the skinny GEMM: CUDA (NVPTX, mma.sync) and HIP (AMDGCN gfx11/gfx12, WMMA) from one file.
+ *
+ * Built by clang without any vendor header or device library, like topk_gpu.cu. Entry points follow
+ * IREE's ABI for hand-authored GPU kernels (bindings in order, then the 32-bit push constants):
+ *
+ *   dflash_gemm_mt{1,2,3,4}(x bf16[M*K], w bf16[N*K], cnt i32[N / GM_BN], y bf16[M*N], part f32[S*M*N],
+ *                           M, N, K, KR, S)                                   grid (N / GM_BN, S, 1)
+ *       rows are padded to 16*MT; with S == 1, cnt and part are not touched (any pointer will do);
+ *       with S > 1, cnt must be zero on entry (it is left zero) and part is scratch
+ *   dflash_gemm_reduce(part f32[S*M*N], y bf16[M*N], M*N, S)                  grid (ceil(M*N/1024), 1, 1)
+ * One workgroup is GM_WARPS * 32 threads (128 on both).
+ */
+#define __global__ __attribute__((global))
+#define __device__ __attribute__((device))
+#define __shared__ __attribute__((shared))
+#define GM_SHARED __shared__
+
+#define GM_FN static __device__ inline __attribute__((always_inline))
+
+#if defined(__NVPTX__)
+/* ---- NVIDIA: mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (sm_80 PTX) ----
+ * Lane = 4*g + t. A chunk is 32 k-values of an 8-column tile: lane (g, t) loads the 16 bytes
+ * W[col + g, k + 8t .. k + 8t + 7] (the 4 lanes of a column read 64 contiguous bytes) and x rows
+ * g and g + 8 of the m-tile at the same k. The two mma instructions of a chunk take, in this order,
+ * k + 8t + {0..3} then k + 8t + {4..7} into the k slots {2t, 2t+1, 2t+8, 2t+9} of every lane t:
+ * a fixed permutation of the chunk's 32 k-values, the same for A and B. */
+#define GM_TID() ((int)__nvvm_read_ptx_sreg_tid_x())
+#define GM_WG_X() ((int)__nvvm_read_ptx_sreg_ctaid_x())
+#define GM_WG_Y() ((int)__nvvm_read_ptx_sreg_ctaid_y())
+#define GM_BARRIER() __nvvm_bar_sync(0)
+#define GM_FENCE() __nvvm_membar_gl()
+/* 4 warps of one 8-column tile each, 8 chunks (4 KiB of W per warp) in flight per round, up to 4
+ * workgroups per SM (<= 128 registers): the best of the variants measured on the H200 (docs/performance.md). */
+#ifndef GM_WARPS
+#define GM_WARPS 4
+#endif
+#ifndef GM_CW
+#define GM_CW 1
+#endif
+#ifndef GM_U
+#define GM_U 8
+#endif
+#ifndef GM_MINB
+#define GM_MINB 4
+#endif
+#define GM_TN 8
+#define GM_KC 32
+#define GM_ACC_N 4
+typedef unsigned gm_u4 __attribute__((ext_vector_type(4)));
+typedef struct { gm_u4 v; } gm_wfrag;
+typedef struct { gm_u4 lo, hi; } gm_xfrag; /* rows g and g + 8 */
+typedef struct { float d[4]; } gm_acc;
+
+GM_FN void gm_load_w(gm_wfrag* f, const unsigned short* w, int col, int k, int K, int ok) {
+  int lane = GM_TID() & 31;
+  const unsigned short* p = w + (long)(col + (lane >> 2)) * K + k + 8 * (lane & 3);
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (ok)
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "l"(p));
+  f->v = (gm_u4){a, b, c, d};
+}
+
+GM_FN void gm_load_x(gm_xfrag* f, const unsigned short* x, int row0, int k, int M, int K) {
+  int lane = GM_TID() & 31;
+  int r = row0 + (lane >> 2);
+  int kk = k + 8 * (lane & 3);
+  f->lo = r < M ? *(const gm_u4*)(x + (long)r * K + kk) : (gm_u4){0, 0, 0, 0};
+  f->hi = r + 8 < M ? *(const gm_u4*)(x + (long)(r + 8) * K + kk) : (gm_u4){0, 0, 0, 0};
+}
+
+GM_FN void gm_mma(gm_acc* acc, const gm_xfrag* xf, const gm_wfrag* wf) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(acc->d[0]), "+f"(acc->d[1]), "+f"(acc->d[2]), "+f"(acc->d[3])
+      : "r"(xf->lo.x), "r"(xf->hi.x), "r"(xf->lo.y), "r"(xf->hi.y), "r"(wf->v.x), "r"(wf->v.y));
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(acc->d[0]), "+f"(acc->d[1]), "+f"(acc->d[2]), "+f"(acc->d[3])
+      : "r"(xf->lo.z), "r"(xf->hi.z), "r"(xf->lo.w), "r"(xf->hi.w), "r"(wf->v.z), "r"(wf->v.w));
+}
+
+GM_FN void gm_acc_zero(gm_acc* a) { a->d[0] = a->d[1] = a->d[2] = a->d[3] = 0.0f; }
+
+/* D fragment: d0, d1 at (g, 2t), (g, 2t+1); d2, d3 at (g+8, 2t), (g+8, 2t+1). */
+GM_FN float gm_acc_get(const gm_acc* a, int i, int* row, int* col) {
+  int lane = GM_TID() & 31;
+  *row = (lane >> 2) + (i >> 1) * 8;
+  *col = 2 * (lane & 3) + (i & 1);
+  return a->d[i];
+}
+/* m-tiles 1-2 keep GM_MINB workgroups per SM; 3-4 take up to 255 registers. */
+#define GM_LAUNCH(MT) __attribute__((launch_bounds(GM_WARPS * 32, (MT) <= 2 ? GM_MINB : 1)))
+
+#elif defined(__AMDGCN__)
+/* ---- AMD RDNA3/4 WMMA 16x16x16 bf16 -> f32, wave32 ----
+ * A chunk is 16 k-values of a 16-column tile. gfx11: lane l holds column (W) or row (x) l % 16 and all
+ * 16 k-values of the chunk in order (lanes 16..31 repeat lanes 0..15, as gfx11 requires: the same
+ * addresses, one memory request); D element i of lane l is (row 2i + l/16, column l % 16).
+ * gfx12: lane l holds k-values 8*(l/16) .. +7 of row/column l % 16; D element i is
+ * (row 8*(l/16) + i, column l % 16). */
+#define GM_TID() ((int)__builtin_amdgcn_workitem_id_x())
+#define GM_WG_X() ((int)__builtin_amdgcn_workgroup_id_x())
+#define GM_WG_Y() ((int)__builtin_amdgcn_workgroup_id_y())
+#define GM_BARRIER()                                       \
+  do {                                                     \
+    __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup"); \
+    __builtin_amdgcn_s_barrier();                          \
+    __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup"); \
+  } while (0)
+#define GM_FENCE() __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, "agent")
+#ifndef GM_WARPS
+#define GM_WARPS 4
+#endif
+#ifndef GM_CW
+#define GM_CW 2
+#endif
+#ifndef GM_U
+#define GM_U 4
+#endif
+#define GM_TN 16
+#define GM_KC 16
+#define GM_ACC_N 8
+typedef float gm_v8f __attribute__((ext_vector_type(8)));
+typedef struct { gm_v8f d; } gm_acc;
+#if defined(__gfx1200__) || defined(__gfx1201__)
+#define GM_GFX12 1
+typedef short gm_frag_t __attribute__((ext_vector_type(8)));
+#define GM_KOFF(lane) (8 * ((lane) >> 4))
+#define GM_WMMA __builtin_amdgcn_wmma_f32_16x16x16_bf16_w32_gfx12
+#else
+typedef short gm_frag_t __attribute__((ext_vector_type(16)));
+#define GM_KOFF(lane) 0
+#define GM_WMMA __builtin_amdgcn_wmma_f32_16x16x16_bf16_w32
+#endif
+typedef struct { gm_frag_t v; } gm_wfrag;
+typedef struct { gm_frag_t v; } gm_xfrag;
+
+GM_FN void gm_load_w(gm_wfrag* f, const unsigned short* w, int col, int k, int K, int ok) {
+  int lane = GM_TID() & 31;
+  const unsigned short* p = w + (long)(col + (lane & 15)) * K + k + GM_KOFF(lane);
+  f->v = ok ? __builtin_nontemporal_load((const gm_frag_t*)p) : (gm_frag_t){};
+}
+
+GM_FN void gm_load_x(gm_xfrag* f, const unsigned short* x, int row0, int k, int M, int K) {
+  int lane = GM_TID() & 31;
+  int r = row0 + (lane & 15);
+  f->v = r < M ? *(const gm_frag_t*)(x + (long)r * K + k + GM_KOFF(lane)) : (gm_frag_t){};
+}
+
+GM_FN void gm_mma(gm_acc* acc, const gm_xfrag* xf, const gm_wfrag* wf) { acc->d = GM_WMMA(xf->v, wf->v, acc->d); }
+
+GM_FN void gm_acc_zero(gm_acc* a) { a->d = (gm_v8f){}; }
+
+GM_FN float gm_acc_get(const gm_acc* a, int i, int* row, int* col) {
+  int lane = GM_TID() & 31;
+#ifdef GM_GFX12
+  *row = 8 * (lane >> 4) + i;
+#else
+  *row = 2 * i + (lane >> 4);
+#endif
+  *col = lane & 15;
+  return a->d[i];
+}
+#define GM_LAUNCH(MT) __attribute__((amdgpu_flat_work_group_size(1, GM_WARPS * 32)))
+
+#else
+#error "gemm_gpu.cu is built for NVPTX or AMDGCN only"
+#endif
+
+#include "gemm_body.h"
+
+#define GM_ENTRY(MT)                                                                                          \
+  extern "C" __global__ void GM_LAUNCH(MT)                                                                   \
+      dflash_gemm_mt##MT(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w, int* cnt,  \
+                         unsigned short* __restrict__ y, float* __restrict__ part, int M, int N, int K, int KR,  \
+                         int S) {                                                                               \
+    gm_workgroup<MT>(x, w, y, part, cnt, M, N, K, KR, S, GM_WG_X(), GM_WG_Y(), GM_TID());                     \
+  }
+GM_ENTRY(1)
+GM_ENTRY(2)
+GM_ENTRY(3)
+GM_ENTRY(4)
+
+extern "C" __global__ void __attribute__((launch_bounds(GM_RT))) dflash_gemm_reduce(const float* __restrict__ part,
+                                                                                    unsigned short* __restrict__ y,
+                                                                                    int MN, int S) {
+  gm_reduce_workgroup(part, y, MN, S, GM_WG_X(), GM_TID());
+}

@@ -1,0 +1,54 @@
+"""Float64 NumPy reference and parity score for the skinny GEMM y[M, N] = x[M, K] . W[N, K]^T (bf16).
+
+The kernel sums in f32 in its own (fixed) k order and rounds once to bf16. Against the float64 sum
+rounded to bf16, an output is correct when it is within 1 bf16 ulp; where the sum cancels (|y| below
+2^-8 of sum_k |x_k w_k|) the f32 summation order alone moves the bf16 result by more ulps, so there
+it must be within 2^-16 * sum_k |x_k w_k| instead. bench/gemm_bench.py applies the same rule on the
+GPU (against torch's float32 sums).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def bf16_bits(a: np.ndarray) -> np.ndarray:
+    """float32 -> bf16 bit patterns (uint16), round to nearest even (NaN stays NaN)."""
+    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    return np.where(nan, ((u >> 16) | 0x40).astype(np.uint16), r)
+
+
+def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
+    """bf16 bit patterns (uint16) -> float32."""
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def reference(x_bits: np.ndarray, w_bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(float64 y [M, N], float64 scale = |x| . |W|^T) from bf16 bit patterns x [M, K], w [N, K]."""
+    x = bf16_to_f32(x_bits).astype(np.float64)
+    w = bf16_to_f32(w_bits).astype(np.float64)
+    return x @ w.T, np.abs(x) @ np.abs(w).T
+
+
+def ulp_distance(a_bits: np.ndarray, b_bits: np.ndarray) -> np.ndarray:
+    """Distance in bf16 ulps between two arrays of bf16 bit patterns (sign-magnitude ordered)."""
+    def order(b):
+        v = np.asarray(b, dtype=np.uint16).astype(np.int64)
+        return np.where(v >= 0x8000, 0x8000 - v, v)
+    return np.abs(order(a_bits) - order(b_bits))
+
+
+def score(y_bits: np.ndarray, x_bits: np.ndarray, w_bits: np.ndarray) -> dict:
+    """Parity of kernel output y (bf16 bits [M, N]) for inputs x, w (bf16 bits).
+
+    Returns max_ulp (over well-conditioned outputs), bad (outputs breaking the rule in the module
+    docstring) and n (outputs)."""
+    ref, scale = reference(x_bits, w_bits)
+    ref_bits = bf16_bits(ref.astype(np.float32))
+    ul = ulp_distance(y_bits, ref_bits)
+    well = np.abs(ref) >= scale * 2.0**-8
+    err = np.abs(bf16_to_f32(y_bits).astype(np.float64) - ref)
+    bad = (well & (ul > 1)) | (~well & (ul > 1) & (err > scale * 2.0**-16))
+    return {"max_ulp": int(ul[well].max()) if well.any() else 0, "bad": int(bad.sum()), "n": int(ul.size)}

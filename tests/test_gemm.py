@@ -1,0 +1,102 @@
+"""Skinny-GEMM custom dispatch: committed objects, MLIR text and plans, refusals, compile for GPU targets,
+the parity rule. The kernel itself runs only on a GPU (bench/gemm_bench.py on the H200)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from dflash_iree.errors import DFlashError
+from dflash_iree.kernels import gemm_reference as gref
+from dflash_iree.kernels.gemm import ARCHS, CUDA_ARCHS, HIP_ARCHS, gemm_dispatch, gemm_plan, object_file, standalone_module
+from dflash_iree.kernels.isa import GEMM_KERNELS, Elf, amdgpu_kernels, inspect_object
+
+SHAPES_8B = [(4096, 4096), (1024, 4096), (12288, 4096), (4096, 12288), (151936, 4096)]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_object_is_sound(arch):
+    path = object_file(arch)
+    assert path.is_file(), f"{path} missing: make kernels"
+    assert inspect_object(path, arch, GEMM_KERNELS) == []
+    if arch in CUDA_ARCHS:
+        ptx = path.read_text()
+        assert ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32") >= 2
+        assert "ld.global.nc.L1::no_allocate.v4.u32" in ptx
+    else:
+        metas = amdgpu_kernels(path)
+        for k in GEMM_KERNELS:
+            assert metas[k][".vgpr_count"] <= 256 and metas[k][".group_segment_fixed_size"] <= 4  # the last-arrival flag
+        assert wmma_count(path) >= 4 * (1 + 2 + 3 + 4), "v_wmma_f32_16x16x16_bf16 missing from the ISA"
+
+
+def wmma_count(path) -> int:
+    """Instructions whose first dword is 0xCC41xxxx (v_wmma_f32_16x16x16_bf16, VOP3P, gfx11 and gfx12
+    alike: llvm-objdump-19 shows CC41....) in the .text section, at 4-byte steps."""
+    elf = Elf(path.read_bytes())
+    sec = elf.sections[elf.section_names.index(".text")]
+    off, size = sec[4], sec[5]
+    words = np.frombuffer(elf.data[off:off + size - size % 4], dtype="<u4")
+    return int(((words >> 16) == 0xCC41).sum())
+
+
+def test_plan_depends_on_n_k_arch_only():
+    for N, K in SHAPES_8B:
+        for arch in ARCHS:
+            texts = {M: gemm_dispatch(M, N, K, arch) for M in (1, 8, 16, 17, 64)}
+            assert len({(d.plan.splits, d.plan.block_n) for d in texts.values()}) == 1
+            kr = re.findall(r"%cKR = arith.constant (\d+)", texts[1].mlir)
+            assert kr == [str(K // texts[1].plan.splits)]
+
+
+def test_plans_for_the_h200():
+    # 2.9 workgroups of 128 threads per SM at least (132 SMs), fewest splits: what measured best.
+    got = {nk: gemm_plan(*nk, "sm_80").splits for nk in SHAPES_8B}
+    assert got == {(4096, 4096): 4, (1024, 4096): 16, (12288, 4096): 1, (4096, 12288): 3, (151936, 4096): 1}
+
+
+def test_mlir_text():
+    d = gemm_dispatch(16, 4096, 4096, "sm_80", name="mm_a")
+    assert "util.func private @mm_a(%x: tensor<16x4096xbf16>, %w: tensor<4096x4096xbf16>) -> tensor<16x4096xbf16>" in d.mlir
+    assert "@mm_a_mm::@dflash_gemm_mt1" in d.mlir and "reduce" not in d.mlir
+    assert "tensor<4x16x4096xf32>" in d.mlir and "util.global private mutable @mm_a_cnt = dense<0> : tensor<128xi32>" in d.mlir
+    one = gemm_dispatch(64, 151936, 4096, "sm_80", name="lm")
+    assert "dflash_gemm_mt4" in one.mlir and "tensor<1xf32>" in one.mlir
+    defined = re.findall(r"(?:hal\.executable\.source|util\.global|util\.func) private (?:mutable )?@(\w+)", one.mlir)
+    assert defined == ["lm_mm", "lm_cnt", "lm"]
+    assert d.flags == [f"--iree-hal-executable-object-search-path={object_file('sm_80').parent}"]
+
+
+@pytest.mark.parametrize("args,match", [((0, 64, 128, "sm_80"), "outside 1..64"), ((65, 64, 128, "sm_80"), "outside"),
+                                        ((1, 24, 128, "sm_80"), "multiple of 16"), ((1, 64, 48, "sm_80"), "multiple of 32"),
+                                        ((1, 64, 40, "gfx1151"), "multiple of 16"), ((1, 64, 128, "host"), "no skinny-GEMM"),
+                                        ((1, 64, 128, "gfx1030"), "no skinny-GEMM")])
+def test_refusals(args, match):
+    with pytest.raises(DFlashError, match=match):
+        gemm_dispatch(*args)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "gfx1151"])
+def test_compiles_for_gpu_targets(arch):
+    ic = pytest.importorskip("iree.compiler")
+    from dflash_iree.kernels.topk import device_flags
+
+    for M, N, K in [(1, 1024, 4096), (16, 4096, 4096), (64, 4096, 12288), (16, 128, 384)]:
+        d = gemm_dispatch(M, N, K, arch)
+        vmfb = ic.compile_str(standalone_module(d), extra_args=device_flags(arch) + d.flags)
+        assert len(vmfb) > 10000
+
+
+def test_parity_rule():
+    rng = np.random.default_rng(0)
+    x = gref.bf16_bits(rng.standard_normal((4, 256)).astype(np.float32))
+    w = gref.bf16_bits(rng.standard_normal((32, 256)).astype(np.float32))
+    ref, _ = gref.reference(x, w)
+    exact = gref.bf16_bits(ref.astype(np.float32))
+    assert gref.score(exact, x, w)["bad"] == 0
+    off = exact.copy()
+    i = np.unravel_index(np.argmax(np.abs(ref)), ref.shape)
+    off[i] = off[i] + 2  # two ulps away on the largest output: must fail
+    assert gref.score(off, x, w)["bad"] == 1
