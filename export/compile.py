@@ -28,7 +28,7 @@ from pathlib import Path
 from dflash_iree.checkpoint import sha256_file
 from dflash_iree.config import DrafterConfig, TargetConfig, config_hash, load_drafter_config, load_target_config
 from dflash_iree.errors import DFlashError
-from dflash_iree.export.splice import splice_file
+from dflash_iree.export.splice import last_report, splice_file
 
 FORMAT_VERSION = 1
 MODULE_FILE = "dflash.vmfb"
@@ -338,7 +338,7 @@ def _config_entry(cfg) -> dict:
 
 
 def manifest(p: Plan, arch: Arch, flags: list[str], stats: dict, files: dict, requested: str, note: str,
-             compile_s: float, splice_flags: list[str] = ()) -> dict:
+             compile_s: float, splice_flags: list[str] = (), splices: dict | None = None) -> dict:
     """The manifest.json contents (see docs in README, `make compile`)."""
     from dflash_iree.export.aot import KV_PAGE, export_shapes, shapes_dict
 
@@ -354,6 +354,7 @@ def manifest(p: Plan, arch: Arch, flags: list[str], stats: dict, files: dict, re
                      "iree_turbine": _version("iree-turbine"), "dflash_iree": _version("dflash-iree")},
         "flags": flags,
         "splice_flags": list(splice_flags),
+        "splices": splices or {},  # what export/splice.py replaced, per splice (last_report())
         "target": _config_entry(p.target),
         "drafter": _config_entry(p.drafter),
         "block_size": p.block_size,
@@ -408,6 +409,7 @@ def lower(p: Plan, arch_name: str, mlir: str | Path, out_dir: str | Path, log=No
         stats_file = stage / "stats.csv"
         t0 = time.perf_counter()
         source, splice_flags = splice_file(mlir, stage / "spliced.mlirbc", arch.name)
+        splices = last_report()
         if source != Path(mlir):
             log(f"splice: custom dispatches for {arch.name} in {time.perf_counter() - t0:.1f}s")
         log(f"compile: iree-compile for {arch.name} ({arch.about}) ...")
@@ -422,7 +424,7 @@ def lower(p: Plan, arch_name: str, mlir: str | Path, out_dir: str | Path, log=No
             f"{stats['executables']} executables, {stats['dispatches']} dispatches")
         files = {MODULE_FILE: sha256_file(vmfb)}
         stats["module_bytes"] = vmfb.stat().st_size
-        m = manifest(p, arch, flags, stats, files, arch_name, note, compile_s, splice_flags)
+        m = manifest(p, arch, flags, stats, files, arch_name, note, compile_s, splice_flags, splices)
         (stage / MANIFEST_FILE).write_text(json.dumps(m, indent=1) + "\n")
         _replace(stage, out)
     except BaseException:

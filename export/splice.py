@@ -28,6 +28,12 @@ The splices:
 - `splice_topk`: `torch.operator "torch.dflash.topk_logprobs"(logits [n, V] f32, temperature []
   f32, k)` (the custom op of export/ops.py) -> the draft top-K dispatch of kernels/topk.py,
   `topk_dispatch(n, V, k, arch)`, one per shape, named `dflash_topk_{n}x{V}x{k}`.
+- `splice_gemm` (CUDA and gfx11/12 archs): `torch.aten.mm(x [M, K] bf16, transpose(W))` with W a
+  module global (a weight parameter, [N, K] bf16) and a static 2 <= M <= 64 -> the skinny-GEMM
+  dispatch of kernels/gemm.py, `gemm_dispatch(M, N, K, arch)`, one per shape, named
+  `dflash_gemm_{M}x{N}x{K}`, reading W in place (the transpose goes).
+
+`last_report()` says what the last `splice_file` replaced, per splice (the compile manifest keeps it).
 
 Needs the compile extra (iree-base-compiler's MLIR bindings), not torch.
 """
@@ -224,8 +230,89 @@ def splice_topk(module, arch: str) -> list[str] | None:
     return flags
 
 
+# M = 1 (decode) keeps IREE's own matvec: in IREE on the H200 it ran the 8B layer at 0.63 of the copy
+# bandwidth against 0.51 for the custom dispatch (bench/results/gemm_h200.json). The exact mode decodes
+# plainly through the verify graph (M = block), which does take the dispatch, so drafted == plain holds.
+GEMM_MIN_M = 2
+_TRANSPOSES = ("torch.aten.t", "torch.aten.transpose.int")
+_REPORT: dict[str, list] = {}
+
+
+def last_report() -> dict[str, list]:
+    """What the last `splice_file` replaced: splice name -> entries (for the manifest)."""
+    return {k: list(v) for k, v in _REPORT.items()}
+
+
+def _owner_name(value) -> str | None:
+    owner = value.owner
+    return getattr(owner, "name", None)
+
+
+def _weight_of(rhs):
+    """The builtin [N, K] weight value when RHS is transpose(W) of a module global W, else None."""
+    if _owner_name(rhs) not in _TRANSPOSES:
+        return None
+    t = rhs.owner
+    if t.name == "torch.aten.transpose.int":
+        try:
+            dims = sorted(d % 2 for d in (constant_int(t.operands[1]), constant_int(t.operands[2])))
+        except DFlashError:
+            return None
+        if dims != [0, 1]:
+            return None
+    src = t.operands[0]
+    if _owner_name(src) != "torch_c.from_builtin_tensor":
+        return None
+    w = src.owner.operands[0]
+    return w if _owner_name(w) == "util.global.load" else None
+
+
+def splice_gemm(module, arch: str) -> list[str] | None:
+    """Replace each `torch.aten.mm(x, transpose(W))` of a bf16 weight global W with the skinny GEMM.
+
+    Taken: x [M, K] bf16 with a static GEMM_MIN_M <= M <= 64, W a `util.global.load` of [N, K] bf16,
+    the result [M, N] bf16, and a shape the kernel supports on ARCH (kernels/gemm.py `supports`);
+    every other mm is left to IREE. Archs: CUDA (sm_*) and gfx1100/1151/1201; others return None.
+    Each (M, N, K) gets one function `dflash_gemm_{M}x{N}x{K}` (its executable and counter global).
+    Records (M, N, K, count) per shape in `last_report()["gemm"]`. Returns the flags (the object
+    search path), or None when nothing was replaced.
+    """
+    from dflash_iree.kernels.gemm import ARCHS, gemm_dispatch, supports
+
+    if arch not in ARCHS:
+        return None
+    flags: list[str] = []
+    counts: dict[tuple[int, int, int], int] = {}
+    splits: dict[tuple[int, int, int], int] = {}
+    for op in find_ops(module, "torch.aten.mm"):
+        x, rhs = op.operands
+        w = _weight_of(rhs)
+        if w is None:
+            continue
+        xt, wt, yt = builtin_type(x.type), str(w.type), builtin_type(op.results[0].type)
+        m = re.fullmatch(r"tensor<(\d+)x(\d+)xbf16>", xt)
+        n = re.fullmatch(r"tensor<(\d+)x(\d+)xbf16>", wt)
+        if not m or not n or int(m[2]) != int(n[2]):
+            continue
+        M, K, N = int(m[1]), int(m[2]), int(n[1])
+        if M < GEMM_MIN_M or yt != f"tensor<{M}x{N}xbf16>" or supports(M, N, K, arch):
+            continue
+        name = f"dflash_gemm_{M}x{N}x{K}"
+        d = gemm_dispatch(M, N, K, arch, name=name)
+        add_functions(module, d.mlir)
+        replace_with_call(op, name, [x, w], [yt])
+        counts[(M, N, K)] = counts.get((M, N, K), 0) + 1
+        splits[(M, N, K)] = d.plan.splits
+        flags += [f for f in d.flags if f not in flags]
+    if not counts:
+        return None
+    _REPORT["gemm"] = [{"M": M, "N": N, "K": K, "ops": c, "splits": splits[(M, N, K)]}
+                       for (M, N, K), c in sorted(counts.items())]
+    return flags
+
+
 # name -> splice; run in this order by `splice_file`.
-SPLICES: dict[str, Callable[[object, str], list[str] | None]] = {"topk": splice_topk}
+SPLICES: dict[str, Callable[[object, str], list[str] | None]] = {"topk": splice_topk, "gemm": splice_gemm}
 
 
 def splice_file(src: str | Path, dst: str | Path, arch: str, splices: dict | None = None) -> tuple[Path, list[str]]:
@@ -241,6 +328,7 @@ def splice_file(src: str | Path, dst: str | Path, arch: str, splices: dict | Non
     from iree.compiler import ir
 
     module = load(src)
+    _REPORT.clear()
     changed, flags = False, []
     for splice in (SPLICES if splices is None else splices).values():
         got = splice(module, arch)

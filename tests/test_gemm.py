@@ -100,3 +100,42 @@ def test_parity_rule():
     i = np.unravel_index(np.argmax(np.abs(ref)), ref.shape)
     off[i] = off[i] + 2  # two ulps away on the largest output: must fail
     assert gref.score(off, x, w)["bad"] == 1
+
+
+# A torch-dialect linear as the export writes it: mm(x, transpose(weight global)).
+_LINEAR = """
+module @m {{
+  util.global private @w = dense<0.5> : tensor<{N}x{K}xbf16>
+  func.func @f(%x: !torch.vtensor<[{M},{K}],bf16>) -> !torch.vtensor<[{M},{N}],bf16> {{
+    %w = util.global.load @w : tensor<{N}x{K}xbf16>
+    %wt = torch_c.from_builtin_tensor %w : tensor<{N}x{K}xbf16> -> !torch.vtensor<[{N},{K}],bf16>
+    %i0 = torch.constant.int 0
+    %i1 = torch.constant.int 1
+    %t = torch.aten.transpose.int %wt, %i0, %i1 : !torch.vtensor<[{N},{K}],bf16>, !torch.int, !torch.int -> !torch.vtensor<[{K},{N}],bf16>
+    %y = torch.aten.mm %x, %t : !torch.vtensor<[{M},{K}],bf16>, !torch.vtensor<[{K},{N}],bf16> -> !torch.vtensor<[{M},{N}],bf16>
+    return %y : !torch.vtensor<[{M},{N}],bf16>
+  }}
+}}
+"""
+
+
+@pytest.mark.parametrize("arch,M,taken", [("sm_80", 16, True), ("gfx1151", 8, True), ("host", 16, False),
+                                          ("gfx1030", 16, False), ("sm_80", 1, False), ("sm_80", 65, False)])
+def test_splice_replaces_linear(tmp_path, arch, M, taken):
+    pytest.importorskip("iree.compiler")
+    from dflash_iree.export import splice
+
+    src = tmp_path / "m.mlir"
+    src.write_text(_LINEAR.format(M=M, N=128, K=512))
+    out, flags = splice.splice_file(src, tmp_path / "s.mlirbc", arch, {"gemm": splice.splice_gemm})
+    report = splice.last_report()
+    if not taken:
+        assert (out, flags, report) == (src, [], {})
+        return
+    text = str(splice.load(out))
+    assert "torch.aten.mm" not in text and f"util.call @dflash_gemm_{M}x128x512" in text
+    assert report == {"gemm": [{"M": M, "N": 128, "K": 512, "ops": 1, "splits": gemm_plan(128, 512, arch).splits}]}
+    ic = pytest.importorskip("iree.compiler")
+    from dflash_iree.kernels.topk import device_flags
+
+    assert len(ic.compile_file(str(out), extra_args=device_flags(arch) + flags)) > 10000
