@@ -44,8 +44,8 @@ STEPS = 64
 DEV = "cuda"
 
 
-def artifact_dir(arch: str, block: int) -> Path:
-    return WORK / f"8b-b{block}-{arch}"
+def artifact_dir(arch: str, block: int, variant: str = "") -> Path:
+    return WORK / f"8b-b{block}{variant}-{arch}"
 
 
 def prepare(arch: str, blocks: list[int]) -> None:
@@ -144,7 +144,10 @@ def _iree_steps(folder: Path, indexes: dict, device, rows: int) -> dict:
     first, taps = pair.prefill(prompt)
     pair.absorb(taps)
     load_s = time.perf_counter() - t0
-    out = {"artifact": folder.name, "arch": arts.arch, "block_size": B, "load_and_prefill_s": round(load_s, 2)}
+    m = arts.manifest
+    out = {"artifact": folder.name, "arch": arts.arch, "block_size": B, "load_and_prefill_s": round(load_s, 2),
+           "flags": m["flags"], "dispatches_per_call": m["stats"]["dispatches_per_call"],
+           "gemm_spliced": sum(g["ops"] for g in m.get("splices", {}).get("gemm", []))}
 
     start = PROMPT_LEN
     state = {"tok": first, "pos": start}
@@ -213,14 +216,14 @@ def _torch_decode(torch, target, mode: str | None, rows: int) -> dict:
             "runs_ms": [round(r, 4) for r in runs], "compile_and_warmup_s": round(warm_s, 1)}
 
 
-def run(out_json: Path, arch: str, peers: bool, runtime_flags: list[str], blocks: list[int]) -> dict:
+def run(out_json: Path, arch: str, peers: bool, runtime_flags: list[str], blocks: list[int], variant: str = "") -> dict:
     import iree.runtime as rt
     import torch
 
     if runtime_flags:  # before the driver is created
         rt.flags.parse_flags(*runtime_flags)
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "prompt_tokens": PROMPT_LEN,
-              "runtime_flags": runtime_flags}
+              "runtime_flags": runtime_flags, "variant": variant}
     result["copy"] = _copy_bandwidth(torch)
     print(f"copy bandwidth {result['copy']['tb_per_s']} TB/s", flush=True)
     tcfg, target, drafter = _build(torch)
@@ -239,7 +242,7 @@ def run(out_json: Path, arch: str, peers: bool, runtime_flags: list[str], blocks
     rows = -(-(PROMPT_LEN + STEPS + 3) // 32) * 32
     result["iree"] = {}
     for block in blocks:
-        folder = artifact_dir(arch, block)
+        folder = artifact_dir(arch, block, variant)
         if not (folder / "manifest.json").is_file():
             print(f"skip {folder}: not compiled", flush=True)
             continue
@@ -341,6 +344,7 @@ def main() -> int:
     r.add_argument("--arch", default="sm_80")
     r.add_argument("--no-peers", action="store_true")
     r.add_argument("--blocks", type=int, nargs="+", default=[16, 8])
+    r.add_argument("--variant", default="", help="artifact folders .gpu/8b-b{block}{variant}-{arch} (a compile experiment)")
     r.add_argument("--runtime-flag", action="append", default=[], dest="runtime_flags",
                    help="an iree.runtime driver flag, repeatable; write --runtime-flag=--cuda_use_streams=false")
     q = sub.add_parser("report")
@@ -349,7 +353,7 @@ def main() -> int:
     if args.cmd == "prepare":
         prepare(args.arch, args.blocks)
     elif args.cmd == "run":
-        run(Path(args.json), args.arch, not args.no_peers, args.runtime_flags, args.blocks)
+        run(Path(args.json), args.arch, not args.no_peers, args.runtime_flags, args.blocks, args.variant)
     else:
         r = json.loads(Path(args.json).read_text())
         _derive(r)
