@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -59,12 +60,30 @@ def _first_div(a, b):
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
 
 
-def run(device: str, out: str, n_prompts: int, max_new_tokens: int, runs: int, tiny_only: bool = False) -> None:
+def _top_k_check(result, k: int) -> dict:
+    """A greedy drafted result with draft_top_k = k: each round's top-1 ids are its draft tokens, so they
+    equal the committed tokens on the accepted rows and differ from the target's token at the first
+    rejected row; log-probs are <= 0, descending, and their total probability is <= 1."""
+    c, top1_ok, lp_ok = 1, True, True  # tokens[0] came from prefill
+    for accepted, tk in zip(result.accepted, result.draft_top_k):
+        top1 = [row[0] for row in tk.ids]
+        top1_ok &= top1[:accepted] == result.tokens[c:c + accepted]
+        if accepted < len(top1) and c + accepted < len(result.tokens):
+            top1_ok &= top1[accepted] != result.tokens[c + accepted]
+        for lps in tk.logprobs:
+            lp_ok &= all(a >= b for a, b in zip(lps, lps[1:])) and lps[0] <= 0
+            lp_ok &= sum(math.exp(v) for v in lps) <= 1 + 1e-4
+        c += accepted + 1
+    return {"rounds": len(result.draft_top_k), "k": k, "top1_is_draft": top1_ok, "logprobs_ok": lp_ok}
+
+
+def run(device: str, out: str, n_prompts: int, max_new_tokens: int, runs: int, tiny_only: bool = False,
+        arch: str | None = None) -> None:
     from dflash_iree.runtime.bench import read_prompts, run_bench
     from dflash_iree.runtime.engine import Engine
 
     exp = json.loads((WORK / "expected.json").read_text())
-    arch = exp["arch"]
+    arch = arch or exp["arch"]  # the expected tokens are the eager CPU reference's, the same for every arch
     result = {"device": device, "arch": arch, "tiny": [], "demo": []}
     t0 = time.time()
     tiny = Engine.load(WORK / f"tiny-{arch}", WORK / "tiny/target", WORK / "tiny/drafter", device)
@@ -90,6 +109,9 @@ def run(device: str, out: str, n_prompts: int, max_new_tokens: int, runs: int, t
         result["demo"].append({"prompt": i, "prompt_ids": demo.encode_prompt(p), "plain": plain, "exact": exact,
                                "dflash": d.tokens, "exact_equal": exact == d.tokens,
                                "plain_first_div": _first_div(plain, d.tokens), "tau_mean": d.tau_mean})
+        if demo.artifacts.manifest.get("draft_top_k"):
+            tk = demo.generate(p, max_new_tokens, draft_top_k=4)
+            result["demo"][-1]["draft_top_k"] = {**_top_k_check(tk, 4), "tokens_unchanged": tk.tokens == d.tokens}
     result["bench"] = run_bench(demo, prompts, max_new_tokens, runs=runs, log=None)
     result["wall_s"] = time.time() - t0
     Path(out).write_text(json.dumps(result) + "\n")
@@ -105,6 +127,11 @@ def summary(result: dict) -> str:
         return lines[0]
     lines.append(f"demo pair (bf16), {len(demo)} prompts: dflash == exact plain {sum(d['exact_equal'] for d in demo)}"
                  f"/{len(demo)}; dflash == plain (decode graph) {sum(d['plain_first_div'] is None for d in demo)}/{len(demo)}")
+    tk = [d["draft_top_k"] for d in demo if "draft_top_k" in d]
+    if tk:
+        ok = sum(t["tokens_unchanged"] and t["top1_is_draft"] and t["logprobs_ok"] for t in tk)
+        lines.append(f"draft_top_k=4: tokens unchanged, top-1 == draft tokens, log-probs sound: {ok}/{len(tk)} prompts "
+                     f"({sum(t['rounds'] for t in tk)} rounds)")
     b = result["bench"]
     lines.append(f"demo speed: plain {b['plain']['decode_tok_s']['median']:.1f} tok/s, dflash "
                  f"{b['dflash']['decode_tok_s']['median']:.1f} tok/s, speedup {b['speedup']:.2f}x, tau {b['dflash']['tau_mean']:.2f}")
@@ -141,13 +168,14 @@ def main() -> None:
     r.add_argument("--max-new-tokens", type=int, default=128)
     r.add_argument("--runs", type=int, default=2)
     r.add_argument("--tiny-only", action="store_true", help="only the tiny float32 pair")
+    r.add_argument("--arch", help="the artifacts .gpu/tiny-ARCH and .gpu/demo-ARCH (default: the prepared arch)")
     s = sub.add_parser("report")
     s.add_argument("json")
     args = p.parse_args()
     if args.cmd == "prepare":
         prepare(args.arch)
     elif args.cmd == "run":
-        run(args.device, args.json, args.prompts, args.max_new_tokens, args.runs, args.tiny_only)
+        run(args.device, args.json, args.prompts, args.max_new_tokens, args.runs, args.tiny_only, args.arch)
     else:
         report(args.json)
 
