@@ -29,7 +29,7 @@ demo: $(DEMO_ARTIFACTS)
 clean:
 	rm -rf $(VENV) build *.egg-info
 
-# Rebuild the committed top-K kernel objects (kernels/objects/) with the pinned clang-19.
+# Rebuild the committed kernel objects (top-K, skinny GEMM) (kernels/objects/) with the pinned clang-19.
 .PHONY: kernels
 kernels: setup
 	$(PY) -m dflash_iree.kernels.build

@@ -1,1 +1,1 @@
-"""The slim IREE runtime: loads compiled artifacts and decodes, with no torch. Not built yet."""
+"""The slim IREE runtime: loads compiled artifacts, binds the safetensors weights and decodes (plain and DFlash), with no torch."""
