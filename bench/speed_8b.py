@@ -216,7 +216,8 @@ def _torch_decode(torch, target, mode: str | None, rows: int) -> dict:
             "runs_ms": [round(r, 4) for r in runs], "compile_and_warmup_s": round(warm_s, 1)}
 
 
-def run(out_json: Path, arch: str, peers: bool, runtime_flags: list[str], blocks: list[int], variant: str = "") -> dict:
+def run(out_json: Path, arch: str, peers: list, runtime_flags: list[str], blocks: list[int], variant: str = "") -> dict:
+    """Measure on the GPU and write OUT_JSON. peers: torch modes to run (None = eager), [] for none."""
     import iree.runtime as rt
     import torch
 
@@ -253,7 +254,7 @@ def run(out_json: Path, arch: str, peers: bool, runtime_flags: list[str], blocks
     del indexes, keep
     result["peers"] = []
     if peers:
-        for mode in (None, "default", "reduce-overhead"):
+        for mode in peers:
             try:
                 r = _torch_decode(torch, target, mode, rows)
             except Exception as e:  # a peer that fails is reported, not fatal
@@ -343,6 +344,8 @@ def main() -> int:
     r.add_argument("--json", default=str(WORK / "speed_8b.json"))
     r.add_argument("--arch", default="sm_80")
     r.add_argument("--no-peers", action="store_true")
+    r.add_argument("--peers", nargs="+", default=["eager", "default", "reduce-overhead"],
+                   help="torch peers: eager and torch.compile modes")
     r.add_argument("--blocks", type=int, nargs="+", default=[16, 8])
     r.add_argument("--variant", default="", help="artifact folders .gpu/8b-b{block}{variant}-{arch} (a compile experiment)")
     r.add_argument("--runtime-flag", action="append", default=[], dest="runtime_flags",
@@ -353,7 +356,8 @@ def main() -> int:
     if args.cmd == "prepare":
         prepare(args.arch, args.blocks)
     elif args.cmd == "run":
-        run(Path(args.json), args.arch, not args.no_peers, args.runtime_flags, args.blocks, args.variant)
+        peers = [] if args.no_peers else [None if m == "eager" else m for m in args.peers]
+        run(Path(args.json), args.arch, peers, args.runtime_flags, args.blocks, args.variant)
     else:
         r = json.loads(Path(args.json).read_text())
         _derive(r)
