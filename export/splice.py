@@ -190,13 +190,22 @@ def constant_int(value) -> int:
     return ir.IntegerAttr(owner.attributes["value"]).value
 
 
+_REPORT: dict[str, list] = {}
+
+
+def last_report() -> dict[str, list]:
+    """What the last `splice_file` replaced: splice name -> entries (for the manifest)."""
+    return {k: list(v) for k, v in _REPORT.items()}
+
+
 def splice_topk(module, arch: str) -> list[str] | None:
     """Replace every `torch.dflash.topk_logprobs` op with the draft top-K dispatch for ARCH.
 
     Each (n, V, k) gets one `util.func private @dflash_topk_{n}x{V}x{k}_op(tensor<nxVxf32>,
     tensor<f32>) -> (tensor<nxkxi32>, tensor<nxkxf32>)` that reads the temperature scalar and calls
     the dispatch's function (kernels/topk.py `topk_dispatch(..., name="dflash_topk_{n}x{V}x{k}")`).
-    Returns the flags the dispatch needs (the object search path), or None when there was no such op.
+    Records (n, V, K, count) per shape in `last_report()["topk"]`. Returns the flags the dispatch
+    needs (the object search path), or None when there was no such op.
 
     Raises:
         DFlashError: a non-f32 or dynamic logits shape, k not a constant, or what `topk_dispatch`
@@ -208,6 +217,7 @@ def splice_topk(module, arch: str) -> list[str] | None:
     if not ops:
         return None
     flags: list[str] = []
+    counts: dict[tuple[int, int, int], int] = {}
     for op in ops:
         logits, temperature, k = op.operands
         n, V = static_shape(logits.type)
@@ -227,6 +237,8 @@ def splice_topk(module, arch: str) -> list[str] | None:
         add_functions(module, d.mlir + wrapper)
         replace_with_call(op, f"{name}_op", [logits, temperature], [ids_t, lp_t])
         flags += [f for f in d.flags if f not in flags]
+        counts[(n, V, K)] = counts.get((n, V, K), 0) + 1
+    _REPORT["topk"] = [{"n": n, "V": V, "K": K, "ops": c} for (n, V, K), c in sorted(counts.items())]
     return flags
 
 
@@ -235,14 +247,6 @@ def splice_topk(module, arch: str) -> list[str] | None:
 # plainly through the verify graph (M = block), which does take the dispatch, so drafted == plain holds.
 GEMM_MIN_M = 2
 _TRANSPOSES = ("torch.aten.t", "torch.aten.transpose.int")
-_REPORT: dict[str, list] = {}
-
-
-def last_report() -> dict[str, list]:
-    """What the last `splice_file` replaced: splice name -> entries (for the manifest)."""
-    return {k: list(v) for k, v in _REPORT.items()}
-
-
 def _owner_name(value) -> str | None:
     owner = value.owner
     return getattr(owner, "name", None)

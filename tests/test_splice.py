@@ -97,6 +97,7 @@ def test_splice_file_compiles_and_runs(tmp_path):
     text = str(splice.load(out))
     assert "torch.aten.mm" not in text and "torch.operator" not in text
     assert "util.call @my_mm" in text and "util.call @dflash_topk_4x64x3_op" in text
+    assert splice.last_report()["topk"] == [{"n": 4, "V": 64, "K": 3, "ops": 1}]
     vmfb = ic.compile_file(str(out), extra_args=device_flags("host") + flags)
     config = rt.Config("local-task")
     ctx = rt.SystemContext(config=config)
