@@ -34,6 +34,7 @@ from dflash_iree.config import DrafterConfig, TargetConfig
 from .dflash import DFlashDrafter
 from .qwen3 import Qwen3
 from .sampling import Sampling
+from .splice import strip_locations
 
 KV_PAGE = 32  # cache rows per page; attention reads pages.shape[0] * KV_PAGE rows
 TARGET_SCOPE = "target"
@@ -296,18 +297,9 @@ def export_module(pair: Pair, shapes: ExportShapes, sampled: bool = True, log=No
             log(f"export: traced {entry.name}")
     output = aot.export(fxb, module_name="dflash", import_symbolic_shape_expressions=True)
     _finish_globals(output.mlir_module)
-    _strip_locations(output.mlir_module)
+    strip_locations(output.mlir_module)
     log(f"import: {len(entries)} entry points in one MLIR module")
     return output, entries
-
-
-def _strip_locations(module_op) -> None:
-    """Drop source locations: they hold absolute paths (the checkout, site-packages) that iree-compile
-    embeds in the .vmfb, so the same sources in another folder would give another sha256."""
-    from iree.compiler.passmanager import PassManager
-
-    with module_op.context:
-        PassManager.parse("builtin.module(strip-debuginfo)").run(module_op.operation)
 
 
 def _finish_globals(module_op) -> None:

@@ -15,10 +15,10 @@ replace. What the splices share:
   ops, ...) and move its top-level ops into the module; symbols already present are kept, not
   doubled, so a function named per shape is added once however many ops call it.
 - `replace_with_call(op, callee, operands=None, result_types=None)`: replace a torch op by
-  `util.call @callee`. Torch
-  operands are converted with `torch_c.to_builtin_tensor`, the call's results back with
-  `torch_c.from_builtin_tensor`, and the op's uses take the converted results. IREE's torch input
-  pipeline accepts `util.call` of a `util.func private` beside the torch ops of a `func.func`.
+  `util.call @callee`. Torch operands are converted with `torch_c.to_builtin_tensor`, the call's
+  results back with `torch_c.from_builtin_tensor`, and the op's uses take the converted results.
+  IREE's torch input pipeline accepts `util.call` of a `util.func private` beside the torch ops of
+  a `func.func`.
 - `find_ops(module, name, custom=...)`: the ops to replace, in module order.
 - `builtin_type(torch_type)`: the builtin tensor type of a `!torch.vtensor` (signed and unsigned
   integers become signless, as `torch_c.to_builtin_tensor` does).
@@ -79,6 +79,16 @@ def load(path: str | Path):
 
     ctx = ir.Context()
     return ir.Module.parse(Path(path).read_bytes(), ctx)
+
+
+def strip_locations(module) -> None:
+    """Drop every source location of MODULE, in place: they hold absolute paths (the checkout,
+    site-packages) or parse positions that iree-compile would embed in the .vmfb, so the same
+    sources in another folder would give another sha256."""
+    from iree.compiler.passmanager import PassManager
+
+    with module.context:
+        PassManager.parse("builtin.module(strip-debuginfo)").run(module.operation)
 
 
 def symbols(module) -> set[str]:
@@ -275,13 +285,13 @@ def splice_gemm(module, arch: str) -> list[str] | None:
     """Replace each `torch.aten.mm(x, transpose(W))` of a bf16 weight global W with the skinny GEMM.
 
     Taken: x [M, K] bf16 with a static GEMM_MIN_M <= M <= 64, W a `util.global.load` of [N, K] bf16,
-    the result [M, N] bf16, and a shape the kernel supports on ARCH (kernels/gemm.py `supports`);
+    the result [M, N] bf16, and a shape the kernel takes on ARCH (kernels/gemm.py `why_unsupported`);
     every other mm is left to IREE. Archs: CUDA (sm_*) and gfx1100/1151/1201; others return None.
     Each (M, N, K) gets one function `dflash_gemm_{M}x{N}x{K}` (its executable and counter global).
     Records (M, N, K, count) per shape in `last_report()["gemm"]`. Returns the flags (the object
     search path), or None when nothing was replaced.
     """
-    from dflash_iree.kernels.gemm import ARCHS, gemm_dispatch, supports
+    from dflash_iree.kernels.gemm import ARCHS, gemm_dispatch, why_unsupported
 
     if arch not in ARCHS:
         return None
@@ -299,7 +309,7 @@ def splice_gemm(module, arch: str) -> list[str] | None:
         if not m or not n or int(m[2]) != int(n[2]):
             continue
         M, K, N = int(m[1]), int(m[2]), int(n[1])
-        if M < GEMM_MIN_M or yt != f"tensor<{M}x{N}xbf16>" or supports(M, N, K, arch):
+        if M < GEMM_MIN_M or yt != f"tensor<{M}x{N}xbf16>" or why_unsupported(M, N, K, arch):
             continue
         name = f"dflash_gemm_{M}x{N}x{K}"
         d = gemm_dispatch(M, N, K, arch, name=name)
@@ -345,11 +355,7 @@ def splice_file(src: str | Path, dst: str | Path, arch: str, splices: dict | Non
         module.operation.verify()
     except ir.MLIRError as e:
         raise DFlashError(f"splice: the spliced module does not verify: {e}") from None
-    # The added text carries its parse locations ("-":line:col); drop them like the export's.
-    from iree.compiler.passmanager import PassManager
-
-    with module.context:
-        PassManager.parse("builtin.module(strip-debuginfo)").run(module.operation)
+    strip_locations(module)  # the added text carries its parse locations ("-":line:col)
     with open(dst, "wb") as f:
         module.operation.write_bytecode(f)
     return Path(dst), flags

@@ -32,9 +32,9 @@ MAX_M = 64
 # the best split of the 8B shapes gave 2.9-3.9 workgroups of 128 threads per SM (bench/gemm_bench.py).
 _CUDA = {"threads": 128, "bn": 32, "chunk": 32, "per_unit": 2.9}
 _HIP = {"threads": 128, "bn": 128, "chunk": 16, "per_unit": 2}
+_MIN_CHUNKS = 8
 # Multiprocessors (sm_80 is what H100/H200 run here: 132 SMs; sm_86 84; sm_89 128; gfx1100 96 CUs,
 # gfx1151 40, gfx1201 64).
-_MIN_CHUNKS = 8
 _UNITS = {"sm_80": 132, "sm_86": 84, "sm_89": 128, "gfx1100": 96, "gfx1151": 40, "gfx1201": 64}
 
 
@@ -103,7 +103,7 @@ def object_file(arch: str) -> Path:
     return OBJECTS_DIR / (f"gemm_{arch}.ptx" if arch in CUDA_ARCHS else f"gemm_{arch}.co")
 
 
-def supports(M: int, N: int, K: int, arch: str) -> str | None:
+def why_unsupported(M: int, N: int, K: int, arch: str) -> str | None:
     """None when the kernel takes this shape on ARCH, else the reason it does not."""
     if arch not in ARCHS:
         return f"arch {arch} has no skinny-GEMM kernel"
@@ -114,7 +114,7 @@ def supports(M: int, N: int, K: int, arch: str) -> str | None:
         return f"N={N} is not a positive multiple of 16"
     if K < b["chunk"] or K % b["chunk"]:
         return f"K={K} is not a positive multiple of {b['chunk']}"
-    if max(M, 16 * math.ceil(M / 16)) * K >= 2**31 or N * K >= 2**31:
+    if 16 * math.ceil(M / 16) * K >= 2**31 or N * K >= 2**31:  # x is padded to whole 16-row tiles
         return "operands too large for 32-bit element offsets"
     return None
 
@@ -169,14 +169,14 @@ def gemm_dispatch(M: int, N: int, K: int, arch: str, *, name: str = "dflash_gemm
     k splits (benchmarks; the numerics then differ from the default plan's). Raises DFlashError for
     a shape or arch the kernel does not take, or a missing object.
     """
-    why = supports(M, N, K, arch)
+    why = why_unsupported(M, N, K, arch)
     if why:
         raise DFlashError(f"skinny GEMM [{M}x{K}] x [{N}x{K}]^T on {arch}: {why}")
     obj = object_file(arch)
     if not obj.is_file():
         raise DFlashError(f"{obj} is missing: run `make kernels` to build the kernel objects")
     plan = gemm_plan(N, K, arch, splits)
-    mt = math.ceil(M / 16)
+    mt = math.ceil(M / 16)  # 16-row m-tiles: the entry point of the object
     S, KR, cb = plan.splits, plan.kr, plan.col_blocks
     x_t, w_t, y_t = f"tensor<{M}x{K}xbf16>", f"tensor<{N}x{K}xbf16>", f"tensor<{M}x{N}xbf16>"
     c_t = f"tensor<{cb}xi32>"

@@ -34,7 +34,6 @@ def arch_driver(arch: str) -> str:
     raise DFlashError(f"unknown arch '{arch}' in the manifest; recompile with dflash-iree compile")
 
 
-
 @dataclass
 class Artifacts:
     """A compiled artifact folder: `manifest.json` plus the module it lists."""
@@ -138,7 +137,7 @@ class Artifacts:
 
         Args:
             indexes: scope ("target", "drafter") -> ParameterIndex holding every key of that scope
-                (e.g. `add_buffer` of weights made in memory, as bench/h200_8b.py does). Unchecked:
+                (e.g. `add_buffer` of weights made in memory, as bench/speed_8b.py does). Unchecked:
                 a missing key fails when the module loads.
 
         Returns:

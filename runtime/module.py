@@ -93,10 +93,13 @@ class CompiledPair:
 
         `taps` None (the first round after prefill) passes zero rows with n_valid = 0.
         """
-        taps = self._zero_taps if taps is None else taps
-        out = self.fn["draft"](taps, np.array([ctx_start], np.int64), np.array([n_valid], np.int64),
-                               np.array([anchor], np.int64), self._pages(start))
+        out = self.fn["draft"](*self._draft_args(taps, ctx_start, n_valid, anchor, start))
         return [int(t) for t in self._host(out)[0]]
+
+    def _draft_args(self, taps, ctx_start: int, n_valid: int, anchor: int, start: int) -> tuple:
+        taps = self._zero_taps if taps is None else taps
+        return (taps, np.array([ctx_start], np.int64), np.array([n_valid], np.int64), np.array([anchor], np.int64),
+                self._pages(start))
 
     def draft_topk(self, taps, ctx_start: int, n_valid: int, anchor: int, start: int, temperature: float):
         """`draft`, plus the drafter's top-K at each drafted position (the `draft_topk` entry point).
@@ -108,8 +111,6 @@ class CompiledPair:
             (draft ids [B - 1] list, top-K ids int32 ndarray [B - 1, K], log-probs float32 ndarray
             [B - 1, K]), K the compiled count; ids[:, 0] are the draft ids.
         """
-        taps = self._zero_taps if taps is None else taps
-        draft, ids, lps = self.fn["draft_topk"](
-            taps, np.array([ctx_start], np.int64), np.array([n_valid], np.int64), np.array([anchor], np.int64),
-            self._pages(start), np.array([temperature], np.float32))
+        draft, ids, lps = self.fn["draft_topk"](*self._draft_args(taps, ctx_start, n_valid, anchor, start),
+                                                np.array([temperature], np.float32))
         return [int(t) for t in self._host(draft)[0]], self._host(ids)[0], self._host(lps)[0]
