@@ -15,6 +15,9 @@ the drafter uses too) are bound once. What the module looks like from outside:
 - Only [S, K]-sized results leave a production entry point: chosen tokens, draft ids (and, from
   `draft_topk`, the draft's top-K ids and log-probs), and the taps, which the runtime keeps on the
   device and passes back to `absorb` / `draft`.
+- `verify_draft` is a whole speculative round in one call (verify, the acceptance count on the
+  device, the next draft), so a round costs one call and one transfer instead of two; the host's
+  `accept_length` stays the rule, and the runtime checks the device's count against it every round.
 - `draft_topk` (when compiled with a top-K count) computes its top-K with a custom op
   (export/ops.py) that export/splice.py replaces, per arch, with the dispatch of kernels/topk.py.
 - The leading dim S of every argument is the stream count (1 for now).
@@ -165,6 +168,16 @@ def entry_points(shapes: ExportShapes, sampled: bool = True) -> list[EntryPoint]
     for suffix, extra in (("", ()), ("_sampled", sampling)) if sampled else (("", ()),):
         for name, args, results, doc in steps:
             out.append(EntryPoint(name + suffix, "target", args + extra, results, doc))
+    n_draft = TensorSpec("n_draft", (S,), "i64")
+    packed = TensorSpec("round", (S, 2 * B), "i64")
+    for suffix, extra in (("", ()), ("_sampled", sampling)) if sampled else (("", ()),):
+        out.append(EntryPoint(
+            "verify_draft" + suffix, "target", (tokens(B), start, n_draft, pages) + extra, (packed, taps(B)),
+            "One speculative round in one call: `verify` the block [anchor, drafts] at [start, start+B), "
+            "count the accepted drafts on the device (leading block[i+1] == chosen[i], i < n_draft), then "
+            "`draft` the next block after the bonus token from the accepted rows' taps. round[:, :B] is "
+            "chosen, round[:, B:2B-1] the next draft, round[:, 2B-1] the accepted rows (accepted + 1); "
+            "taps (keep on the device) serve a separate `draft` when the host commits another count."))
     out.append(EntryPoint(
         "absorb", "drafter", (taps("R"), start), (TensorSpec("ctx_len", (S,), "i64"),),
         "Project R context rows (the target's taps at positions [start, start+R)) into the drafter's "
@@ -222,6 +235,41 @@ def decode_sampled(m, tokens, start, pages, temperature, top_k, top_p, seed):
     return _step(m, tokens, start, pages, Sampling(temperature, top_k, top_p, seed))[0]
 
 
+def accepted_drafts(block: torch.Tensor, chosen: torch.Tensor, n_draft: torch.Tensor) -> torch.Tensor:
+    """The chain rule of `dflash_iree.acceptance.accept_length`, on the device.
+
+    Args:
+        block: int64 [S, B], [anchor, drafts..., padding].
+        chosen: int64 [S, B], the target's token after each block row.
+        n_draft: int64 [S], real drafts in the block (rows past 1 + n_draft are padding).
+
+    Returns:
+        int64 [S]: the number of leading i < n_draft with block[:, i + 1] == chosen[:, i].
+    """
+    B = block.shape[1]
+    i = torch.arange(B - 1, dtype=torch.int64, device=block.device)[None, :]
+    miss = (block[:, 1:] != chosen[:, :-1]) | (i >= n_draft[:, None])
+    # the first miss, or B - 1 when every row matches; a min, not a cumprod, so IREE needs no scan
+    return torch.amin(torch.where(miss, i, B - 1), 1)
+
+
+def _verify_then_draft(m, tokens, start, n_draft, pages, sampling):
+    chosen, taps = _step(m, tokens, start, pages, sampling)
+    n_valid = accepted_drafts(tokens, chosen, n_draft) + 1
+    bonus = torch.gather(chosen, 1, (n_valid - 1)[:, None])[:, 0]
+    draft = m.drafter(m.target, taps, start, n_valid, bonus, read_len=_read_len(pages))[0]
+    # one int64 result, so a round costs one device -> host transfer
+    return torch.cat([chosen, draft, n_valid[:, None]], 1), taps
+
+
+def verify_draft(m, tokens, start, n_draft, pages):
+    return _verify_then_draft(m, tokens, start, n_draft, pages, None)
+
+
+def verify_draft_sampled(m, tokens, start, n_draft, pages, temperature, top_k, top_p, seed):
+    return _verify_then_draft(m, tokens, start, n_draft, pages, Sampling(temperature, top_k, top_p, seed))
+
+
 def absorb(m, taps, start):
     m.drafter.absorb(taps, start)
     return start + taps.shape[1]
@@ -237,7 +285,7 @@ def draft_topk(m, taps, ctx_start, n_valid, anchor, pages, temperature):
 
 
 _BODIES = {f.__name__: f for f in (prefill, prefill_sampled, verify, verify_sampled, decode, decode_sampled,
-                                   absorb, draft, draft_topk)}
+                                   verify_draft, verify_draft_sampled, absorb, draft, draft_topk)}
 
 
 def _linear_2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

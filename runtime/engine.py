@@ -12,7 +12,11 @@ to the next `draft` call as device arrays.
 
 Each round runs draft -> verify -> accept -> roll back by length. Acceptance is the pure host
 function of dflash_iree/acceptance.py, the same one the eager reference uses, so a scripted
-drafter and the planted control run through this compiled path too. The KV caches live inside
+drafter and the planted control run through this compiled path too. By default a round is one
+call, `verify_draft` (verify, the acceptance count on the device, the next draft): a small model's
+step costs calls, not bytes (docs/benchmarks.md). The host still applies its own rule to the
+returned tokens and uses the device's next draft only when the device accepted the same rows;
+otherwise (a custom `accept`, never the built-in rule) it drafts again with a separate call. The KV caches live inside
 the compiled module; rollback is the host's committed length, and a new request simply starts
 writing at position 0 again.
 """
@@ -62,6 +66,8 @@ class GenerationResult(RoundStats):
     decode_s: seconds from the first token to the last.
     draft_top_k: with draft_top_k = k > 0, a DraftTopK per round (the same rounds as `accepted`):
         ids and log-probs [n_drafted][k], n_drafted = num_speculative_tokens; empty otherwise.
+    redrafts: rounds of `verify_draft` whose device draft was dropped because the host committed
+        a different number of rows than the device accepted (0 with the built-in rule).
     """
 
     tokens: list[int]
@@ -71,6 +77,7 @@ class GenerationResult(RoundStats):
     ttft_ms: float = 0.0
     decode_s: float = 0.0
     draft_top_k: list[DraftTopK] = field(default_factory=list)
+    redrafts: int = 0
 
     @property
     def decode_tok_s(self) -> float:
@@ -80,7 +87,7 @@ class GenerationResult(RoundStats):
     def stats(self) -> dict:
         return {"accepted": self.accepted, "tau": self.tau, "tau_mean": self.tau_mean, "histogram": self.histogram,
                 "block_size": self.block_size, "ttft_ms": self.ttft_ms, "decode_tok_s": self.decode_tok_s,
-                "new_tokens": len(self.tokens)}
+                "new_tokens": len(self.tokens), "redrafts": self.redrafts}
 
 
 class Engine:
@@ -176,7 +183,8 @@ class Engine:
     def generate(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int = 0, speculative: bool = True, num_speculative_tokens: int | None = None,
                  stop=None, draft_top_k: int = 0, exact: bool = False, enable_thinking: bool = False,
-                 accept: Callable[[Sequence[int], Sequence[int]], int] = accept_length, proposer=None) -> GenerationResult:
+                 accept: Callable[[Sequence[int], Sequence[int]], int] = accept_length, proposer=None,
+                 fused_round: bool = True) -> GenerationResult:
         """Generate a completion, plain or with DFlash drafting; both give the same tokens.
 
         Args:
@@ -199,6 +207,9 @@ class Engine:
             proposer: a stand-in drafter with the eager reference's Proposer interface
                 (`begin(taps)`, `propose(tokens, new_taps, ctx_start) -> ids`; taps come as None),
                 for the scripted-drafter tests.
+            fused_round: run each round as one `verify_draft` call when the artifacts have it
+                (not with a proposer or draft_top_k); False: a `draft` call and a `verify` call.
+                The tokens are the same either way.
 
         Raises:
             DFlashError: bad sampling values, num_speculative_tokens or draft_top_k out of range
@@ -207,7 +218,7 @@ class Engine:
         """
         pieces = list(self._run(prompt, max_new_tokens, temperature, top_k, top_p, seed, speculative,
                                 num_speculative_tokens, stop, draft_top_k, exact, enable_thinking, accept, proposer,
-                                stream=False))
+                                fused_round, stream=False))
         return pieces[-1]
 
     def stream(self, prompt, **kwargs) -> Iterator[str]:
@@ -218,7 +229,7 @@ class Engine:
 
     def _run(self, prompt, max_new_tokens=128, temperature=0.0, top_k=0, top_p=1.0, seed=0, speculative=True,
              num_speculative_tokens=None, stop=None, draft_top_k=0, exact=False, enable_thinking=False,
-             accept=accept_length, proposer=None, stream=False):
+             accept=accept_length, proposer=None, fused_round=True, stream=False):
         if temperature < 0 or top_k < 0 or not 0 < top_p <= 1:
             raise DFlashError(f"sampling out of range: temperature {temperature} (>= 0), top_k {top_k} (>= 0), top_p {top_p} (in (0, 1])")
         top_k_draft = self._check_draft_top_k(draft_top_k, speculative, proposer)
@@ -239,6 +250,8 @@ class Engine:
         lp_temperature = temperature if temperature > 0 else 1.0  # of the draft top-K's log-probs
         t1 = time.perf_counter()
         done = first in stop_ids or max_new_tokens == 1
+        fused = speculative and fused_round and proposer is None and not top_k_draft and m.has_verify_draft()
+        redrafts, next_draft = 0, None  # next_draft: the device's draft after out[-1], from verify_draft
         if speculative:
             m.absorb(prompt_taps)
             if proposer is not None:
@@ -257,14 +270,23 @@ class Engine:
                     draft, top_ids, top_lps = m.draft_topk(taps, ctx_start, n_valid, out[-1], start, lp_temperature)
                     draft = draft[:n]
                     draft_top.append(DraftTopK(top_ids[:n, :top_k_draft].tolist(), top_lps[:n, :top_k_draft].tolist()))
+                elif next_draft is not None:
+                    draft = next_draft[:n]
                 else:
                     draft = m.draft(taps, ctx_start, n_valid, out[-1], start)[:n]
-                chosen, taps = m.verify([out[-1]] + draft, start)
+                if fused:
+                    chosen, next_draft, device_rows, taps = m.verify_draft([out[-1]] + draft, start)
+                else:
+                    chosen, taps = m.verify([out[-1]] + draft, start)
                 r = commit_round(draft, chosen, accept(draft, chosen), stop_ids, max_new_tokens - len(out))
                 out += r.tokens
                 accepted.append(r.accepted)
                 ctx_start, n_valid = start, len(r.tokens)
                 done = r.done
+                if fused and device_rows != n_valid:
+                    # the device drafted after other rows than the host kept: draft again
+                    next_draft = None
+                    redrafts += not done
             if stop_strings:
                 cut = self._stop_string_cut(out, stop_strings)
                 if cut is not None:
@@ -276,7 +298,8 @@ class Engine:
         if text is not None and stop_strings:
             at = find_stop(text, stop_strings)
             text = text if at is None else text[:at]
-        yield GenerationResult(out, text, accepted, (n + 1) if speculative else 1, (t1 - t0) * 1e3, t2 - t1, draft_top)
+        yield GenerationResult(out, text, accepted, (n + 1) if speculative else 1, (t1 - t0) * 1e3, t2 - t1, draft_top,
+                               redrafts)
 
     def _stop_string_cut(self, out: list[int], stops: list[str]) -> int | None:
         """Length of the shortest prefix of `out` whose text contains a stop string, or None."""
@@ -289,4 +312,5 @@ class Engine:
 
 
 _GEN_DEFAULTS = dict(max_new_tokens=128, temperature=0.0, top_k=0, top_p=1.0, seed=0, speculative=True,
-                     num_speculative_tokens=None, stop=None, draft_top_k=0, exact=False, enable_thinking=False)
+                     num_speculative_tokens=None, stop=None, draft_top_k=0, exact=False, enable_thinking=False,
+                     fused_round=True)

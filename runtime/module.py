@@ -1,7 +1,7 @@
 """One compiled module on one device: typed calls to its entry points for a single stream.
 
-Entry points (export/aot.py): `prefill`, `verify`, `decode` (each also `*_sampled`), `absorb`,
-`draft`, and `draft_topk` when the artifacts were compiled with `--draft-top-k K` (K >= 1). Every
+Entry points (export/aot.py): `prefill`, `verify`, `decode`, `verify_draft` (each also
+`*_sampled`), `absorb`, `draft`, and `draft_topk` when the artifacts were compiled with `--draft-top-k K` (K >= 1). Every
 call passes `pages`, an int8 vector whose length bounds the KV cache rows that attention reads
 (`kv_page` rows a page), so a step's cost follows the context length, not `max_context`. Taps stay
 on the device: `prefill` and `verify` return them as device arrays and `absorb` / `draft` take
@@ -9,7 +9,8 @@ them back.
 
 Host transfer contract: every device -> host copy goes through `CompiledPair._host`, which counts
 the bytes in `host_bytes`. What it copies: the target's chosen tokens (int64, one per block row),
-the draft ids (int64 [B - 1]) and, from `draft_topk` only, the draft's top-K ids (int32
+the draft ids (int64 [B - 1]), from `verify_draft` both in one int64 [2B] row with the device's
+accepted-row count, and, from `draft_topk` only, the draft's top-K ids (int32
 [B - 1, K]) and log-probs (float32 [B - 1, K]): 8 * (B - 1) * K more bytes a round. Never logits,
 taps or caches (tests/test_runtime.py checks the count).
 """
@@ -78,6 +79,29 @@ class CompiledPair:
         padded = block + [block[-1]] * (self.block_size - n)
         chosen, taps = self._target("verify", padded, start)
         return [int(t) for t in self._host(chosen)[0, :n]], taps
+
+    def verify_draft(self, block: list[int], start: int):
+        """One round in one call (the `verify_draft` entry point): verify [anchor, drafts...] at
+        `start` (padded to block_size rows), then draft the next block on the device after the
+        bonus token of the device's own acceptance count.
+
+        Returns:
+            (chosen token ids for the real rows and one more, the next draft [B - 1], the rows the
+            device accepted (its accepted + 1), taps device array [1, B, N] for a redone `draft`).
+        """
+        n = len(block)
+        padded = block + [block[-1]] * (self.block_size - n)
+        args = (np.array([padded], np.int64), np.array([start], np.int64), np.array([n - 1], np.int64),
+                self._pages(start + self.block_size))
+        packed, taps = self.fn["verify_draft" + self._suffix](*args, *self._sampling)
+        row = [int(t) for t in self._host(packed)[0]]
+        B = self.block_size
+        return row[:n], row[B:2 * B - 1], row[2 * B - 1], taps
+
+    def has_verify_draft(self) -> bool:
+        """Whether the module has the one-call round for the current sampling mode (artifacts
+        compiled before it existed have not)."""
+        return "verify_draft" + self._suffix in self.fn
 
     def step_exact(self, token: int, start: int) -> int:
         """A plain step through the verify graph (the `exact` mode): row 0 of a padded block."""

@@ -25,3 +25,37 @@ def test_commit_cuts_at_stop_and_budget():
 
 def test_tau_histogram():
     assert tau_histogram([0, 0, 3, 7], 8) == [2, 0, 0, 1, 0, 0, 0, 1]
+
+
+def _device_rule_disagreements(rule) -> int:
+    """Random rounds where `rule` (the device count of export/aot.py's verify_draft) differs from
+    accept_length, over a small vocab so that matches and later agreements are common."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    S, B, wrong = 64, 8, 0
+    block = torch.randint(0, 3, (S, B), generator=g)
+    chosen = torch.randint(0, 3, (S, B), generator=g)
+    n_draft = torch.randint(1, B, (S,), generator=g)
+    got = rule(block, chosen, n_draft)
+    for s in range(S):
+        n = int(n_draft[s])
+        wrong += int(got[s]) != accept_length(block[s, 1:1 + n].tolist(), chosen[s, :n + 1].tolist())
+    return wrong
+
+
+def test_device_count_is_accept_length():
+    from dflash_iree.export.aot import accepted_drafts
+
+    assert _device_rule_disagreements(accepted_drafts) == 0
+
+
+def test_planted_control_fails_device_count_check():
+    """A device count that also counts matches after the first miss must fail the same check."""
+    import torch
+
+    def counts_every_match(block, chosen, n_draft):
+        i = torch.arange(block.shape[1] - 1)[None, :]
+        return ((block[:, 1:] == chosen[:, :-1]) & (i < n_draft[:, None])).sum(1)
+
+    assert _device_rule_disagreements(counts_every_match) > 0

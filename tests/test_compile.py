@@ -175,13 +175,16 @@ def test_manifest(host_cli, target_dir, drafter_dir):
     assert (m["block_size"], m["max_context"], m["dtype"], m["streams"]) == (8, CONTEXT, "f32", 1)
     names = [e["name"] for e in m["entry_points"]]
     assert names == ["prefill", "verify", "decode", "prefill_sampled", "verify_sampled", "decode_sampled",
-                     "absorb", "draft", "draft_topk"]
+                     "verify_draft", "verify_draft_sampled", "absorb", "draft", "draft_topk"]
     e = {x["name"]: x for x in m["entry_points"]}
     assert e["verify"]["args"][0] == {"name": "tokens", "shape": [1, 8], "dtype": "i64"}
     assert e["verify"]["results"] == [{"name": "chosen", "shape": [1, 8], "dtype": "i64"},
                                       {"name": "taps", "shape": [1, 8, 128], "dtype": "f32"}]
     assert e["prefill"]["args"][0]["shape"] == [1, "T"] and e["absorb"]["args"][0]["shape"] == [1, "R", 128]
     assert e["draft"]["results"] == [{"name": "draft", "shape": [1, 7], "dtype": "i64"}]
+    assert e["verify_draft"]["args"][2] == {"name": "n_draft", "shape": [1], "dtype": "i64"}
+    assert e["verify_draft"]["results"] == [{"name": "round", "shape": [1, 16], "dtype": "i64"},
+                                            {"name": "taps", "shape": [1, 8, 128], "dtype": "f32"}]
     # draft_topk: K fixed at compile time (default 8), recorded; the greedy draft entry unchanged
     assert m["draft_top_k"] == cc.DEFAULT_DRAFT_TOP_K == 8 and m["shapes"]["draft_top_k"] == 8
     assert e["draft_topk"]["args"] == e["draft"]["args"] + [{"name": "temperature", "shape": [1], "dtype": "f32"}]

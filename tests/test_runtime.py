@@ -79,19 +79,43 @@ def test_planted_control_fails_through_compiled_path(engine, eager):
     assert "tokens differ from plain" in failures and any("measured accepted" in f for f in failures)
 
 
-def test_only_token_ids_cross_to_the_host(engine):
-    """Per round: draft ids [B-1] and chosen tokens [B], int64; never logits or taps."""
+@pytest.mark.parametrize("fused_round", [True, False], ids=["fused", "two-calls"])
+def test_only_token_ids_cross_to_the_host(engine, fused_round):
+    """Per round: draft ids [B-1] and chosen tokens [B], int64 (fused: with the device's row count,
+    one [2B] row); never logits or taps."""
     before = engine.module.host_bytes
-    gen = engine.generate(PROMPTS[1], 60)
+    gen = engine.generate(PROMPTS[1], 60, fused_round=fused_round)
     per_round = (engine.module.host_bytes - before) / len(gen.accepted)
-    assert per_round <= 8 * (2 * BLOCK - 1) + 8  # the prefill's first token spread over the rounds
+    # the prefill's first token and the first round's separate draft, spread over the rounds
+    assert per_round <= 8 * 2 * BLOCK + 8 * BLOCK / len(gen.accepted)
+
+
+@pytest.mark.parametrize("name", ["greedy", "t1-seed3"])
+def test_fused_round_equals_two_calls(engine, name):
+    """verify_draft gives the same tokens and the same drafts (hence accepted counts) as a draft
+    call plus a verify call, and its device count agrees with the host rule in every round."""
+    s = SAMPLINGS[name]
+    for prompt in PROMPTS:
+        fused = engine.generate(prompt, 90, **_kw(s))
+        two = engine.generate(prompt, 90, fused_round=False, **_kw(s))
+        assert fused.tokens == two.tokens
+        assert fused.accepted == two.accepted
+        assert fused.redrafts == 0
+
+
+def test_planted_control_fails_through_fused_round(engine):
+    """A broken host rule disagrees with the device count: the engine drafts again, and the
+    tokens differ from plain decoding (the control is not masked by the device's own count)."""
+    plain = engine.generate(PROMPTS[0], 60, speculative=False)
+    broken = engine.generate(PROMPTS[0], 60, accept=broken_accept)
+    assert broken.tokens != plain.tokens and broken.redrafts > 0
 
 
 def test_draft_top_k_is_the_only_extra_transfer(engine):
     """With draft_top_k, per round exactly the [B-1, K] int32 ids and float32 log-probs more (K the
-    compiled 8, whatever k was asked for)."""
+    compiled 8, whatever k was asked for) than the same rounds as two calls without it."""
     before = engine.module.host_bytes
-    plain = engine.generate(PROMPTS[1], 60)
+    plain = engine.generate(PROMPTS[1], 60, fused_round=False)
     mid = engine.module.host_bytes
     top = engine.generate(PROMPTS[1], 60, draft_top_k=3)
     assert top.accepted == plain.accepted
