@@ -385,7 +385,7 @@ def manifest(p: Plan, arch: Arch, flags: list[str], stats: dict, files: dict, re
 
 
 def lower(p: Plan, arch_name: str, mlir: str | Path, out_dir: str | Path, log=None, record: bool = False,
-          dump_phases: str | Path | None = None) -> dict:
+          dump_phases: str | Path | None = None, splices: dict | None = None) -> dict:
     """Splice the arch's custom dispatches into a copy of the exported MLIR (export/splice.py), then
     compile it for that arch into `out_dir` (written whole, or not at all).
 
@@ -397,6 +397,7 @@ def lower(p: Plan, arch_name: str, mlir: str | Path, out_dir: str | Path, log=No
         record: compile host for the fixed record CPU (RECORD_HOST_FLAGS).
         dump_phases: also write every compilation phase's IR there (the HAL IR is `*.hal.mlir`);
             the module is the same.
+        splices: name -> splice, in place of export/splice.py's SPLICES (a compile experiment).
 
     Returns:
         The manifest.
@@ -415,7 +416,7 @@ def lower(p: Plan, arch_name: str, mlir: str | Path, out_dir: str | Path, log=No
         vmfb = stage / MODULE_FILE
         stats_file = stage / "stats.csv"
         t0 = time.perf_counter()
-        source, splice_flags = splice_file(mlir, stage / "spliced.mlirbc", arch.name)
+        source, splice_flags = splice_file(mlir, stage / "spliced.mlirbc", arch.name, splices)
         splices = last_report()
         if source != Path(mlir):
             log(f"splice: custom dispatches for {arch.name} in {time.perf_counter() - t0:.1f}s")
@@ -460,8 +461,9 @@ def _replace(stage: Path, out: Path) -> None:
 def compile_artifacts(arch: str, target_dir, drafter_dir, out_dir=None, block_size: int | None = None,
                       max_context: int | None = None, dtype: str | None = None, streams: int = 1, sampled: bool = True,
                       log=None, record: bool = False, use_cache: bool = True,
-                      draft_top_k: int = DEFAULT_DRAFT_TOP_K) -> dict:
-    """The whole `dflash-iree compile`: plan, export (or reuse a cached export), lower. Returns the manifest."""
+                      draft_top_k: int = DEFAULT_DRAFT_TOP_K, splices: dict | None = None) -> dict:
+    """The whole `dflash-iree compile`: plan, export (or reuse a cached export), lower (`splices` as
+    there). Returns the manifest."""
     log = log or Progress()
     resolved, note = resolve_arch(arch)
     if note:
@@ -475,7 +477,7 @@ def compile_artifacts(arch: str, target_dir, drafter_dir, out_dir=None, block_si
         f"block {p.block_size}, max_context {p.max_context}, {p.dtype}, streams {p.streams}, draft top-K {p.draft_top_k}")
     with tempfile.TemporaryDirectory(prefix="dflash-export-") as work:
         mlir = export_cached(p, Path(work), log, use_cache)
-        m = lower(p, arch, mlir, out, log, record)
+        m = lower(p, arch, mlir, out, log, record, splices=splices)
     size = m["stats"]["module_bytes"] / 2**20
     export = "export reused" if p.export_reused else f"export {p.export_s:.0f}s"
     log(f"done: {out}/{MODULE_FILE} {size:.2f} MiB + {MANIFEST_FILE}, {m['stats']['executables']} executables; "

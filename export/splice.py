@@ -281,12 +281,12 @@ def _weight_of(rhs):
     return w if _owner_name(w) == "util.global.load" else None
 
 
-def splice_gemm(module, arch: str) -> list[str] | None:
+def splice_gemm(module, arch: str, min_weight_bytes: int = 0) -> list[str] | None:
     """Replace each `torch.aten.mm(x, transpose(W))` of a bf16 weight global W with the skinny GEMM.
 
-    Taken: x [M, K] bf16 with a static GEMM_MIN_M <= M <= 64, W a `util.global.load` of [N, K] bf16,
-    the result [M, N] bf16, and a shape the kernel takes on ARCH (kernels/gemm.py `why_unsupported`);
-    every other mm is left to IREE. Archs: CUDA (sm_*) and gfx1100/1151/1201; others return None.
+    Taken: x [M, K] bf16 with a static GEMM_MIN_M <= M <= 64, W a `util.global.load` of [N, K] bf16
+    of at least `min_weight_bytes` bytes, the result [M, N] bf16, and a shape the kernel takes on
+    ARCH (kernels/gemm.py `why_unsupported`); every other mm is left to IREE. Archs: CUDA (sm_*) and gfx1100/1151/1201; others return None.
     Each (M, N, K) gets one function `dflash_gemm_{M}x{N}x{K}` (its executable and counter global).
     Records (M, N, K, count) per shape in `last_report()["gemm"]`. Returns the flags (the object
     search path), or None when nothing was replaced.
@@ -309,7 +309,7 @@ def splice_gemm(module, arch: str) -> list[str] | None:
         if not m or not n or int(m[2]) != int(n[2]):
             continue
         M, K, N = int(m[1]), int(m[2]), int(n[1])
-        if M < GEMM_MIN_M or yt != f"tensor<{M}x{N}xbf16>" or why_unsupported(M, N, K, arch):
+        if M < GEMM_MIN_M or 2 * N * K < min_weight_bytes or yt != f"tensor<{M}x{N}xbf16>" or why_unsupported(M, N, K, arch):
             continue
         name = f"dflash_gemm_{M}x{N}x{K}"
         d = gemm_dispatch(M, N, K, arch, name=name)
