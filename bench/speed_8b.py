@@ -13,7 +13,11 @@ and binds the very same tensors (copied to host memory once) into the compiled m
 - copy bandwidth: a 4 GiB device-to-device copy (torch), 2 x bytes / time;
 - IREE decode (1 token), verify (block 16; block 8 from the second artifact when present) and draft
   (block 16) steps, each a synchronous call as the runtime makes it, chosen tokens read back; after a
-  512-token prefill, so attention reads ~530 cache rows;
+  512-token prefill, so attention reads ~530 cache rows; a round as two calls (draft, verify) and as
+  one (`verify_draft`, when the artifact has it);
+- with `--profile`, the device time of every kernel of those steps, from CUPTI through
+  torch.profiler (it records the kernels IREE launches in the same process too): kernels per call,
+  busy ms per call against the wall ms, and the kernels that take the most time;
 - achieved bandwidth of decode = the target's weight bytes read per step (every parameter but the
   embedding table) x steps per second;
 - peers on the same weights: the same `Qwen3` module in PyTorch eager, and under `torch.compile`
@@ -132,7 +136,23 @@ def _indexes(target, drafter, keep: list):
     return out
 
 
-def _iree_steps(folder: Path, indexes: dict, device, rows: int) -> dict:
+def _profile(fn, wall_ms: float, n: int = 10, top: int = 25) -> dict:
+    """Kernel times of `n` calls of fn() from CUPTI (torch.profiler, device activity only)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            fn()
+    rows = [(e.key, e.count / n, e.device_time_total / n / 1e3) for e in prof.key_averages() if e.device_time_total > 0]
+    rows.sort(key=lambda r: -r[2])
+    busy = sum(r[2] for r in rows)
+    return {"kernels_per_call": round(sum(r[1] for r in rows), 1), "busy_ms": round(busy, 4), "wall_ms": wall_ms,
+            "busy_fraction": round(busy / wall_ms, 3) if wall_ms else None,
+            "top": [{"kernel": k[:160], "per_call": round(c, 2), "ms": round(ms, 4)} for k, c, ms in rows[:top]]}
+
+
+def _iree_steps(folder: Path, indexes: dict, device, rows: int, profile: bool = False) -> dict:
     """decode / verify / draft step times of one compiled artifact, after a PROMPT_LEN prefill."""
     from dflash_iree.runtime.artifacts import Artifacts
 
@@ -175,6 +195,16 @@ def _iree_steps(folder: Path, indexes: dict, device, rows: int) -> dict:
         verify()
 
     out["round"] = _summary(_times(round_, 32))
+    steps = {"decode": decode, "verify": verify, "draft": draft}
+    if pair.has_verify_draft():
+        def fused():
+            pair.verify_draft(block, start)
+
+        out["round_fused"] = _summary(_times(fused, 32))
+        steps["verify_draft"] = fused
+    if profile:
+        out["profile"] = {name: _profile(fn, out[name if name != "verify_draft" else "round_fused"]["median_ms"])
+                          for name, fn in steps.items()}
     out["decode_cache_rows"] = rows
     del pair
     return out
@@ -216,7 +246,8 @@ def _torch_decode(torch, target, mode: str | None, rows: int) -> dict:
             "runs_ms": [round(r, 4) for r in runs], "compile_and_warmup_s": round(warm_s, 1)}
 
 
-def run(out_json: Path, arch: str, peers: list, runtime_flags: list[str], blocks: list[int], variant: str = "") -> dict:
+def run(out_json: Path, arch: str, peers: list, runtime_flags: list[str], blocks: list[int], variant: str = "",
+        profile: bool = False) -> dict:
     """Measure on the GPU and write OUT_JSON. peers: torch modes to run (None = eager), [] for none."""
     import iree.runtime as rt
     import torch
@@ -247,7 +278,7 @@ def run(out_json: Path, arch: str, peers: list, runtime_flags: list[str], blocks
         if not (folder / "manifest.json").is_file():
             print(f"skip {folder}: not compiled", flush=True)
             continue
-        r = _iree_steps(folder, indexes, device, rows)
+        r = _iree_steps(folder, indexes, device, rows, profile)
         result["iree"][f"b{block}"] = r
         print(f"iree b{block}: decode {r['decode']['median_ms']:.3f} ms, verify {r['verify']['median_ms']:.3f} ms, "
               f"draft {r['draft']['median_ms']:.3f} ms (load {r['load_and_prefill_s']} s)", flush=True)
@@ -301,7 +332,9 @@ def format_table(r: dict) -> str:
     lines = [f"{r['device']}, copy bandwidth {r['copy']['tb_per_s']:.2f} TB/s; target reads "
              f"{r['bytes']['target_read_per_step'] / 1e9:.2f} GB a step; after a {r['prompt_tokens']}-token prompt",
              "", "| step | median ms (p10..p90) | |", "|---|---|---|"]
-    for name in ("decode", "verify", "draft", "round"):
+    for name in ("decode", "verify", "draft", "round", "round_fused"):
+        if name not in b16:
+            continue
         s = b16[name]
         lines.append(f"| {name} (b16) | {s['median_ms']:.3f} ({s['p10_ms']:.3f}..{s['p90_ms']:.3f}) | |")
     if "b8" in r["iree"]:
@@ -348,6 +381,7 @@ def main() -> int:
                    help="torch peers: eager and torch.compile modes")
     r.add_argument("--blocks", type=int, nargs="+", default=[16, 8])
     r.add_argument("--variant", default="", help="artifact folders .gpu/8b-b{block}{variant}-{arch} (a compile experiment)")
+    r.add_argument("--profile", action="store_true", help="kernel times of each step (CUPTI, torch.profiler)")
     r.add_argument("--runtime-flag", action="append", default=[], dest="runtime_flags",
                    help="an iree.runtime driver flag, repeatable; write --runtime-flag=--cuda_use_streams=false")
     q = sub.add_parser("report")
@@ -357,7 +391,7 @@ def main() -> int:
         prepare(args.arch, args.blocks)
     elif args.cmd == "run":
         peers = [] if args.no_peers else [None if m == "eager" else m for m in args.peers]
-        run(Path(args.json), args.arch, peers, args.runtime_flags, args.blocks, args.variant)
+        run(Path(args.json), args.arch, peers, args.runtime_flags, args.blocks, args.variant, args.profile)
     else:
         r = json.loads(Path(args.json).read_text())
         _derive(r)
