@@ -1,0 +1,238 @@
+"""Attention alone at the Qwen3-8B shapes on a GPU: formulations of export/qwen3.py's `attend`.
+
+    python bench/attention_bench.py prepare [--arch sm_80]        # here: one .vmfb per (variant, rows)
+    PYTHONPATH=. python bench/attention_bench.py run --json OUT   # on the GPU machine (iree.runtime + torch)
+
+The H200 profile of the 8B verify step (bench/results/speed_8b_h200_profile.json) put 9 of its
+16.5 busy ms in attention: per layer a `matmul_like_16x8x4x128xD` dispatch of 0.21 ms and a softmax
+of 0.05 ms, for 16 query rows over ~540 cached rows (1 MB of K and of V), where decode's whole
+attention costs 0.05 ms a layer. Each module here runs one formulation over all 36 layers of a
+KV cache [36, 2, 1024, 1024] bf16 (argument, uploaded once), reading `pages.shape[0] * 32` rows
+as the model does, for T = 16 (verify) and T = 1 (decode) query rows:
+
+- `matmul`: `attend` as it was: queries [S, Hkv, g, T, hd] against keys broadcast over the g
+  query heads of a group, a float32 softmax between two matmuls (the results files call it
+  `current`: they were measured before export/qwen3.py took `sdpa`);
+- `grouped`: the g heads of a group folded into the rows, [S*Hkv, T*g, hd] @ [S*Hkv, hd, N], two
+  plain batch matmuls with no broadcast;
+- `sdpa`: the same layout through `F.scaled_dot_product_attention` with a boolean mask, which
+  IREE lowers to its fused attention op; `sdpa_gt` with the rows of a group ordered (g, T), and
+  `sdpa_bias` with an additive float mask.
+
+`run` reports per module the wall ms per call (36 layers), the device busy ms and kernels per call
+(CUPTI through torch.profiler), and the largest difference from the first variant's output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+WORK = ROOT / ".gpu" / "attention"
+LAYERS, CONTEXT, HQ, HKV, HD = 36, 1024, 32, 8, 128
+PAGE = 32
+START = 512  # committed rows before the block: the 8B speed bench's prompt
+VARIANTS = ("matmul", "grouped", "sdpa", "sdpa_gt", "sdpa_bias")
+ROWS = (16, 1)
+
+
+def _matmul(q, k, v, visible):
+    """The formulation of export/qwen3.py `attend` before this bench (its variant name was `current`)."""
+    import torch
+
+    S, T, Hq, hd = q.shape
+    Hkv = k.shape[2]
+    qg = q.reshape(S, T, Hkv, Hq // Hkv, hd).permute(0, 2, 3, 1, 4)  # S, Hkv, g, T, hd
+    kt = k.permute(0, 2, 3, 1)[:, :, None]  # S, Hkv, 1, hd, N
+    scores = torch.matmul(qg, kt).float() * (hd**-0.5)
+    scores = scores.masked_fill(~visible[:, None, None], float("-inf"))
+    probs = torch.softmax(scores, -1).to(v.dtype)
+    out = torch.matmul(probs, v.permute(0, 2, 1, 3)[:, :, None])  # S, Hkv, g, T, hd
+    return out.permute(0, 3, 1, 2, 4).reshape(S, T, Hq * hd)
+
+
+def _grouped(q, k, v, visible):
+    import torch
+
+    S, T, Hq, hd = q.shape
+    N, Hkv = k.shape[1], k.shape[2]
+    g = Hq // Hkv
+    qg = q.reshape(S, T, Hkv, g, hd).permute(0, 2, 1, 3, 4).reshape(S * Hkv, T * g, hd)
+    kt = k.permute(0, 2, 3, 1).reshape(S * Hkv, hd, N)
+    scores = torch.bmm(qg, kt).float() * (hd**-0.5)
+    mask = visible[:, None, :, None, :].expand(S, Hkv, T, g, N).reshape(S * Hkv, T * g, N)
+    probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), -1).to(v.dtype)
+    out = torch.bmm(probs, v.permute(0, 2, 1, 3).reshape(S * Hkv, N, hd))
+    return out.reshape(S, Hkv, T, g, hd).permute(0, 2, 1, 3, 4).reshape(S, T, Hq * hd)
+
+
+def _sdpa(q, k, v, visible):
+    import torch.nn.functional as F
+
+    S, T, Hq, hd = q.shape
+    N, Hkv = k.shape[1], k.shape[2]
+    g = Hq // Hkv
+    qg = q.reshape(S, T, Hkv, g, hd).permute(0, 2, 1, 3, 4).reshape(S, Hkv, T * g, hd)
+    mask = visible[:, None, :, None, :].expand(S, Hkv, T, g, N).reshape(S, Hkv, T * g, N)
+    out = F.scaled_dot_product_attention(qg, k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3), attn_mask=mask)
+    return out.reshape(S, Hkv, T, g, hd).permute(0, 2, 1, 3, 4).reshape(S, T, Hq * hd)
+
+
+def _sdpa_gt(q, k, v, visible):
+    """`sdpa` with the rows of a group ordered (g, T) instead of (T, g)."""
+    import torch.nn.functional as F
+
+    S, T, Hq, hd = q.shape
+    N, Hkv = k.shape[1], k.shape[2]
+    g = Hq // Hkv
+    qg = q.reshape(S, T, Hkv, g, hd).permute(0, 2, 3, 1, 4).reshape(S, Hkv, g * T, hd)
+    mask = visible[:, None, None].expand(S, Hkv, g, T, N).reshape(S, Hkv, g * T, N)
+    out = F.scaled_dot_product_attention(qg, k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3), attn_mask=mask)
+    return out.reshape(S, Hkv, g, T, hd).permute(0, 3, 1, 2, 4).reshape(S, T, Hq * hd)
+
+
+def _sdpa_bias(q, k, v, visible):
+    """`sdpa` with an additive float mask (0 or -inf) in place of the boolean one."""
+    import torch
+    import torch.nn.functional as F
+
+    S, T, Hq, hd = q.shape
+    N, Hkv = k.shape[1], k.shape[2]
+    g = Hq // Hkv
+    qg = q.reshape(S, T, Hkv, g, hd).permute(0, 2, 1, 3, 4).reshape(S, Hkv, T * g, hd)
+    bias = torch.zeros(visible.shape, dtype=q.dtype).masked_fill(~visible, float("-inf"))
+    bias = bias[:, None, :, None, :].expand(S, Hkv, T, g, N).reshape(S, Hkv, T * g, N)
+    out = F.scaled_dot_product_attention(qg, k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3), attn_mask=bias)
+    return out.reshape(S, Hkv, T, g, hd).permute(0, 2, 1, 3, 4).reshape(S, T, Hq * hd)
+
+
+def _fn(variant: str):
+    return {"matmul": _matmul, "grouped": _grouped, "sdpa": _sdpa, "sdpa_gt": _sdpa_gt, "sdpa_bias": _sdpa_bias}[variant]
+
+
+def _module(variant: str):
+    import torch
+    from torch import nn
+
+    fn = _fn(variant)
+
+    class Layers(nn.Module):
+        def forward(self, q, cache, start, pages):
+            read_len = pages.shape[0] * PAGE
+            T = q.shape[2]
+            positions = start[:, None] + torch.arange(T, dtype=torch.int64)
+            visible = torch.arange(read_len, dtype=torch.int64)[None, None, :] <= positions[:, :, None]
+            outs = []
+            for layer in range(LAYERS):
+                k = cache[layer, 0, :read_len].view(1, read_len, HKV, HD)
+                v = cache[layer, 1, :read_len].view(1, read_len, HKV, HD)
+                outs.append(fn(q[layer], k, v, visible))
+            return torch.stack(outs)
+
+    return Layers()
+
+
+def prepare(arch: str, variants=VARIANTS, rows=ROWS) -> None:
+    import iree.turbine.aot as aot
+    import torch
+
+    from dflash_iree.export.compile import compile_flags, iree_compile_tool, resolve_arch
+
+    import subprocess
+
+    a = resolve_arch(arch)[0]
+    WORK.mkdir(parents=True, exist_ok=True)
+    pages = torch.export.Dim("P", min=1, max=CONTEXT // PAGE)
+    for variant in variants:
+        for T in rows:
+            q = torch.zeros(LAYERS, 1, T, HQ, HD, dtype=torch.bfloat16)
+            cache = torch.zeros(LAYERS, 2, CONTEXT, HKV * HD, dtype=torch.bfloat16)
+            args = (q, cache, torch.tensor([START]), torch.zeros(18, dtype=torch.int8))
+            out = aot.export(_module(variant), args=args, dynamic_shapes={"q": None, "cache": None, "start": None,
+                                                                          "pages": {0: pages}})
+            mlir = WORK / f"{variant}-t{T}.mlir"
+            out.save_mlir(mlir)
+            vmfb = WORK / f"{variant}-t{T}-{a.name}.vmfb"
+            proc = subprocess.run([iree_compile_tool(), str(mlir), *compile_flags(a), "-o", str(vmfb)],
+                                  capture_output=True, text=True)
+            mlir.unlink()
+            status = "ok" if proc.returncode == 0 else "failed: " + proc.stderr.strip().splitlines()[-1][:200]
+            print(f"{variant} T={T}: {status}", flush=True)
+
+
+def run(out_json: str, arch: str) -> dict:
+    import iree.runtime as rt
+    import ml_dtypes
+    import numpy as np
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    device = rt.get_device("cuda")
+    rng = np.random.default_rng(0)
+    cache = rt.asdevicearray(device, (rng.standard_normal((LAYERS, 2, CONTEXT, HKV * HD)) * 0.5).astype(ml_dtypes.bfloat16))
+    start = np.array([START], np.int64)
+    pages = np.zeros(-(-(START + 16) // PAGE), np.int8)  # as the runtime passes them for a verify at START
+    result = {"device": torch.cuda.get_device_name(0), "arch": arch, "layers": LAYERS, "read_rows": len(pages) * PAGE,
+              "runs": {}}
+    ref = {}
+    for T in ROWS:
+        q = rt.asdevicearray(device, rng.standard_normal((LAYERS, 1, T, HQ, HD)).astype(ml_dtypes.bfloat16))
+        for variant in VARIANTS:
+            path = WORK / f"{variant}-t{T}-{arch}.vmfb"
+            if not path.is_file():
+                continue
+            instance = rt.VmInstance()
+            vm = rt.VmModule.mmap(instance, str(path))
+            ctx = rt.VmContext(instance, modules=[rt.create_hal_module(instance, device), vm])
+            fn = rt.FunctionInvoker(ctx, device, vm.lookup_function("main"))
+
+            def call():
+                return np.asarray(fn(q, cache, start, pages)).astype(np.float32)
+
+            out = call()
+            ms = []
+            for _ in range(30):
+                t0 = time.perf_counter()
+                call()
+                ms.append((time.perf_counter() - t0) * 1e3)
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(10):
+                    call()
+            ev = [e for e in prof.key_averages() if e.device_time_total > 0 and "Memcpy" not in e.key]
+            ref.setdefault(T, out)
+            r = {"wall_ms": round(statistics.median(ms), 4),
+                 "busy_ms": round(sum(e.device_time_total for e in ev) / 10 / 1e3, 4),
+                 "kernels_per_call": round(sum(e.count for e in ev) / 10, 1),
+                 "max_abs_diff_vs_first": float(np.abs(out - ref[T]).max()),
+                 "top": sorted(((e.key[:120], round(e.device_time_total / 10 / 1e3, 4)) for e in ev), key=lambda x: -x[1])[:4]}
+            result["runs"][f"{variant}/T={T}"] = r
+            print(f"{variant} T={T}: {r}", flush=True)
+    Path(out_json).write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("prepare")
+    p.add_argument("--arch", default="sm_80")
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS))
+    p.add_argument("--rows", type=int, nargs="+", default=list(ROWS))
+    r = sub.add_parser("run")
+    r.add_argument("--json", required=True)
+    r.add_argument("--arch", default="sm_80")
+    args = ap.parse_args()
+    if args.cmd == "prepare":
+        prepare(args.arch, args.variants, args.rows)
+    else:
+        run(args.json, args.arch)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
