@@ -6,8 +6,8 @@
     python bench/demo_rounds.py report OUT                       # here: the table
 
 Variants (export/splice.py): `gemm`, every bf16 weight matmul with 2 <= M <= 64 on the skinny-GEMM
-dispatch (the default); `gemm4m`, only weights of at least 4 MiB (here just the 6 MiB lm_head);
-`none`, no GEMM splice (the top-K splice stays in all three).
+dispatch; `gemm4m`, only weights of at least 4 MiB (here just the 6 MiB lm_head; the default since
+this bench, GEMM_MIN_WEIGHT_BYTES); `none`, no GEMM splice (the top-K splice stays in all three).
 
 `run`, per variant, in one process: the three arms alternated per prompt (rotating their order),
 greedy, over the code prompts; the tokens of both drafted arms against plain decoding through the
@@ -33,8 +33,8 @@ ARMS = ("plain", "two_calls", "fused")
 def _variants() -> dict:
     from dflash_iree.export.splice import SPLICES, splice_gemm, splice_topk
 
-    return {"gemm": SPLICES,
-            "gemm4m": {"topk": splice_topk, "gemm": functools.partial(splice_gemm, min_weight_bytes=4 << 20)},
+    return {"gemm": {"topk": splice_topk, "gemm": functools.partial(splice_gemm, min_weight_bytes=0)},
+            "gemm4m": SPLICES,
             "none": {"topk": splice_topk}}
 
 

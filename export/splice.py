@@ -256,6 +256,11 @@ def splice_topk(module, arch: str) -> list[str] | None:
 # bandwidth against 0.51 for the custom dispatch (bench/results/gemm_h200.json). The exact mode decodes
 # plainly through the verify graph (M = block), which does take the dispatch, so drafted == plain holds.
 GEMM_MIN_M = 2
+# Below this a weight's bytes take under a microsecond at the H200's bandwidth, less than the few µs
+# a custom dispatch costs in IREE, and IREE's own matmul fuses with its neighbours: on the demo pair
+# (384-wide layers) the drafted arm ran 1849 tok/s with the floor against 1633 without
+# (bench/demo_rounds.py, bench/results/demo_rounds_h200.json). Every Qwen3-8B weight is above it.
+GEMM_MIN_WEIGHT_BYTES = 4 << 20
 _TRANSPOSES = ("torch.aten.t", "torch.aten.transpose.int")
 def _owner_name(value) -> str | None:
     owner = value.owner
@@ -281,7 +286,7 @@ def _weight_of(rhs):
     return w if _owner_name(w) == "util.global.load" else None
 
 
-def splice_gemm(module, arch: str, min_weight_bytes: int = 0) -> list[str] | None:
+def splice_gemm(module, arch: str, min_weight_bytes: int = GEMM_MIN_WEIGHT_BYTES) -> list[str] | None:
     """Replace each `torch.aten.mm(x, transpose(W))` of a bf16 weight global W with the skinny GEMM.
 
     Taken: x [M, K] bf16 with a static GEMM_MIN_M <= M <= 64, W a `util.global.load` of [N, K] bf16

@@ -3,6 +3,7 @@ the parity rule. The kernel itself runs only on a GPU (bench/gemm_bench.py on th
 
 from __future__ import annotations
 
+import functools
 import re
 
 import numpy as np
@@ -127,7 +128,8 @@ def test_splice_replaces_linear(tmp_path, arch, M, taken):
 
     src = tmp_path / "m.mlir"
     src.write_text(_LINEAR.format(M=M, N=128, K=512))
-    out, flags = splice.splice_file(src, tmp_path / "s.mlirbc", arch, {"gemm": splice.splice_gemm})
+    gemm = functools.partial(splice.splice_gemm, min_weight_bytes=0)  # a small weight, to compile fast
+    out, flags = splice.splice_file(src, tmp_path / "s.mlirbc", arch, {"gemm": gemm})
     report = splice.last_report()
     if not taken:
         assert (out, flags, report) == (src, [], {})
@@ -139,3 +141,15 @@ def test_splice_replaces_linear(tmp_path, arch, M, taken):
     from dflash_iree.kernels.topk import device_flags
 
     assert len(ic.compile_file(str(out), extra_args=device_flags(arch) + flags)) > 10000
+
+
+@pytest.mark.parametrize("N,taken", [(128, False), (4096, True)])
+def test_splice_leaves_small_weights_to_iree(tmp_path, N, taken):
+    """By default only weights of at least GEMM_MIN_WEIGHT_BYTES (4 MiB) take the dispatch."""
+    pytest.importorskip("iree.compiler")
+    from dflash_iree.export import splice
+
+    src = tmp_path / "m.mlir"
+    src.write_text(_LINEAR.format(M=16, N=N, K=512))
+    out, _ = splice.splice_file(src, tmp_path / "s.mlirbc", "sm_80", {"gemm": splice.splice_gemm})
+    assert (out != src) == taken and (2 * N * 512 >= splice.GEMM_MIN_WEIGHT_BYTES) == taken
