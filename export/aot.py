@@ -154,6 +154,7 @@ def entry_points(shapes: ExportShapes, sampled: bool = True) -> list[EntryPoint]
                 TensorSpec("top_p", (S,), "f32"), TensorSpec("seed", (S,), "i64"))
     chosen = lambda t: TensorSpec("chosen", (S, t), "i64")  # noqa: E731
     taps = lambda t: TensorSpec("taps", (S, t, N), dt)  # noqa: E731
+    n_draft = TensorSpec("n_draft", (S,), "i64")
     steps = [
         ("prefill", (tokens("T"), start, pages), (chosen(1), taps("T")),
          "Run the prompt (or a chunk of it) at positions [start, start+T) into the KV cache; chosen is "
@@ -163,21 +164,17 @@ def entry_points(shapes: ExportShapes, sampled: bool = True) -> list[EntryPoint]
          "block row i; taps (keep on the device) feed the next `draft`."),
         ("decode", (tokens(1), start, pages), (chosen(1),),
          "Plain decoding: one token at position start."),
+        ("verify_draft", (tokens(B), start, n_draft, pages), (TensorSpec("round", (S, 2 * B), "i64"), taps(B)),
+         "One speculative round in one call: `verify` the block [anchor, drafts] at [start, start+B), "
+         "count the accepted drafts on the device (leading block[i+1] == chosen[i], i < n_draft), then "
+         "`draft` the next block after the bonus token from the accepted rows' taps. round[:, :B] is "
+         "chosen, round[:, B:2B-1] the next draft, round[:, 2B-1] the accepted rows (accepted + 1); "
+         "taps (keep on the device) serve a separate `draft` when the host commits another count."),
     ]
     out = []
     for suffix, extra in (("", ()), ("_sampled", sampling)) if sampled else (("", ()),):
         for name, args, results, doc in steps:
             out.append(EntryPoint(name + suffix, "target", args + extra, results, doc))
-    n_draft = TensorSpec("n_draft", (S,), "i64")
-    packed = TensorSpec("round", (S, 2 * B), "i64")
-    for suffix, extra in (("", ()), ("_sampled", sampling)) if sampled else (("", ()),):
-        out.append(EntryPoint(
-            "verify_draft" + suffix, "target", (tokens(B), start, n_draft, pages) + extra, (packed, taps(B)),
-            "One speculative round in one call: `verify` the block [anchor, drafts] at [start, start+B), "
-            "count the accepted drafts on the device (leading block[i+1] == chosen[i], i < n_draft), then "
-            "`draft` the next block after the bonus token from the accepted rows' taps. round[:, :B] is "
-            "chosen, round[:, B:2B-1] the next draft, round[:, 2B-1] the accepted rows (accepted + 1); "
-            "taps (keep on the device) serve a separate `draft` when the host commits another count."))
     out.append(EntryPoint(
         "absorb", "drafter", (taps("R"), start), (TensorSpec("ctx_len", (S,), "i64"),),
         "Project R context rows (the target's taps at positions [start, start+R)) into the drafter's "
@@ -249,8 +246,10 @@ def accepted_drafts(block: torch.Tensor, chosen: torch.Tensor, n_draft: torch.Te
     B = block.shape[1]
     i = torch.arange(B - 1, dtype=torch.int64, device=block.device)[None, :]
     miss = (block[:, 1:] != chosen[:, :-1]) | (i >= n_draft[:, None])
-    # the first miss, or B - 1 when every row matches; a min, not a cumprod, so IREE needs no scan
-    return torch.amin(torch.where(miss, i, B - 1), 1)
+    # The first miss, or B - 1 when every row matches: a max over reversed indices rather than a
+    # cumprod (IREE needs no scan) or an integer min (which IREE 3.13 miscompiled on CUDA, see
+    # export/sampling.py `argmax`).
+    return (B - 1) - torch.amax(torch.where(miss, (B - 1) - i, 0), 1)
 
 
 def _verify_then_draft(m, tokens, start, n_draft, pages, sampling):

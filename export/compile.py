@@ -417,7 +417,7 @@ def lower(p: Plan, arch_name: str, mlir: str | Path, out_dir: str | Path, log=No
         stats_file = stage / "stats.csv"
         t0 = time.perf_counter()
         source, splice_flags = splice_file(mlir, stage / "spliced.mlirbc", arch.name, splices)
-        splices = last_report()
+        replaced = last_report()
         if source != Path(mlir):
             log(f"splice: custom dispatches for {arch.name} in {time.perf_counter() - t0:.1f}s")
         log(f"compile: iree-compile for {arch.name} ({arch.about}) ...")
@@ -432,7 +432,7 @@ def lower(p: Plan, arch_name: str, mlir: str | Path, out_dir: str | Path, log=No
             f"{stats['executables']} executables, {stats['dispatches']} dispatches")
         files = {MODULE_FILE: sha256_file(vmfb)}
         stats["module_bytes"] = vmfb.stat().st_size
-        m = manifest(p, arch, flags, stats, files, arch_name, note, compile_s, splice_flags, splices)
+        m = manifest(p, arch, flags, stats, files, arch_name, note, compile_s, splice_flags, replaced)
         (stage / MANIFEST_FILE).write_text(json.dumps(m, indent=1) + "\n")
         _replace(stage, out)
     except BaseException:

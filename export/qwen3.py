@@ -82,7 +82,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Ten
         q: [S, T, Hq, hd]; k, v: [S, N, Hkv, hd]; visible: bool [S, T, N] (True: attend).
 
     Returns:
-        [S, T, Hq * hd] in q's dtype, scaled by hd ** -0.5 (softmax accumulated in float32).
+        [S, T, Hq * hd] in q's dtype: softmax(q k^T * hd ** -0.5, masked) v per head, with the
+        precision of the backend's attention (float32 sums in IREE's and in PyTorch's CPU kernels).
     """
     S, T, Hq, hd = q.shape
     Hkv = k.shape[2]

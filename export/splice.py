@@ -29,7 +29,8 @@ The splices:
   f32, k)` (the custom op of export/ops.py) -> the draft top-K dispatch of kernels/topk.py,
   `topk_dispatch(n, V, k, arch)`, one per shape, named `dflash_topk_{n}x{V}x{k}`.
 - `splice_gemm` (CUDA and gfx11/12 archs): `torch.aten.mm(x [M, K] bf16, transpose(W))` with W a
-  module global (a weight parameter, [N, K] bf16) and a static 2 <= M <= 64 -> the skinny-GEMM
+  module global (a weight parameter, [N, K] bf16, of at least GEMM_MIN_WEIGHT_BYTES) and a static
+  2 <= M <= 64 -> the skinny-GEMM
   dispatch of kernels/gemm.py, `gemm_dispatch(M, N, K, arch)`, one per shape, named
   `dflash_gemm_{M}x{N}x{K}`, reading W in place (the transpose goes).
 

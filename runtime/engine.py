@@ -16,7 +16,8 @@ drafter and the planted control run through this compiled path too. By default a
 call, `verify_draft` (verify, the acceptance count on the device, the next draft): a small model's
 step costs calls, not bytes (docs/benchmarks.md). The host still applies its own rule to the
 returned tokens and uses the device's next draft only when the device accepted the same rows;
-otherwise (a custom `accept`, never the built-in rule) it drafts again with a separate call. The KV caches live inside
+otherwise (normally never: a custom `accept` can cause it, and `redrafts` counts it) it drafts
+again with a separate call. The KV caches live inside
 the compiled module; rollback is the host's committed length, and a new request simply starts
 writing at position 0 again.
 """
@@ -200,8 +201,9 @@ class Engine:
                 (`GenerationResult.draft_top_k`, see DraftTopK); 1..K of the artifacts
                 (`dflash-iree compile --draft-top-k K`, manifest `draft_top_k`). Drafting itself
                 is unchanged (the same draft ids, hence the same tokens).
-            exact: plain decoding through the verify graph, so that drafted == plain holds bit for
-                bit even in bf16 on a GPU.
+            exact: plain decoding through the verify graph (`verify_draft`'s when fused_round and
+                the artifacts have it, else `verify`'s), so that drafted == plain holds bit for bit
+                even in bf16 on a GPU.
             enable_thinking: passed to the chat template (off: drafters are trained without it).
             accept: the acceptance rule (tests pass a broken one as a planted control).
             proposer: a stand-in drafter with the eager reference's Proposer interface
@@ -251,6 +253,9 @@ class Engine:
         t1 = time.perf_counter()
         done = first in stop_ids or max_new_tokens == 1
         fused = speculative and fused_round and proposer is None and not top_k_draft and m.has_verify_draft()
+        # exact plain steps go through the graph that a drafted request with the same fused_round
+        # verifies with, so that the two agree bit for bit
+        fused_exact = exact and fused_round and m.has_verify_draft()
         redrafts, next_draft = 0, None  # next_draft: the device's draft after out[-1], from verify_draft
         if speculative:
             m.absorb(prompt_taps)
@@ -260,7 +265,7 @@ class Engine:
         while not done:
             start = len(ids) + len(out) - 1  # the anchor's position
             if not speculative:
-                token = m.step_exact(out[-1], start) if exact else m.decode(out[-1], start)
+                token = m.step_exact(out[-1], start, fused_exact) if exact else m.decode(out[-1], start)
                 out.append(token)
                 done = token in stop_ids or len(out) >= max_new_tokens
             else:

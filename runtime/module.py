@@ -69,29 +69,32 @@ class CompiledPair:
         """One plain step: the token at `start`; returns the target's next token."""
         return int(self._host(self._target("decode", [token], start))[0, -1])
 
-    def verify(self, block: list[int], start: int):
-        """Verify [anchor, drafts...] at `start`, padded to block_size rows.
+    def _pad(self, block: list[int]) -> list[int]:
+        # padding rows write KV past the committed length, which rollback by length discards
+        return block + [block[-1]] * (self.block_size - len(block))
 
-        Returns (chosen token ids for the real rows and one more, taps device array [1, B, N]).
-        Padding rows write KV past the committed length, which rollback by length discards.
+    def verify(self, block: list[int], start: int):
+        """Verify [anchor, drafts...] (1..block_size ids) at position `start`, padded to block_size rows.
+
+        Returns:
+            (the target's token after each of the len(block) rows, taps device array [1, B, N]).
         """
         n = len(block)
-        padded = block + [block[-1]] * (self.block_size - n)
-        chosen, taps = self._target("verify", padded, start)
+        chosen, taps = self._target("verify", self._pad(block), start)
         return [int(t) for t in self._host(chosen)[0, :n]], taps
 
     def verify_draft(self, block: list[int], start: int):
-        """One round in one call (the `verify_draft` entry point): verify [anchor, drafts...] at
-        `start` (padded to block_size rows), then draft the next block on the device after the
-        bonus token of the device's own acceptance count.
+        """One round in one call (the `verify_draft` entry point): verify [anchor, drafts...]
+        (1..block_size ids) at position `start`, padded to block_size rows, then draft the next block
+        on the device after the bonus token of the device's own acceptance count.
 
         Returns:
-            (chosen token ids for the real rows and one more, the next draft [B - 1], the rows the
-            device accepted (its accepted + 1), taps device array [1, B, N] for a redone `draft`).
+            (the target's token after each of the len(block) rows, the next draft [B - 1] ids, the
+            rows the device accepted (its accepted + 1), taps device array [1, B, N] for a redone
+            `draft`).
         """
         n = len(block)
-        padded = block + [block[-1]] * (self.block_size - n)
-        args = (np.array([padded], np.int64), np.array([start], np.int64), np.array([n - 1], np.int64),
+        args = (np.array([self._pad(block)], np.int64), np.array([start], np.int64), np.array([n - 1], np.int64),
                 self._pages(start + self.block_size))
         packed, taps = self.fn["verify_draft" + self._suffix](*args, *self._sampling)
         row = [int(t) for t in self._host(packed)[0]]
@@ -103,9 +106,13 @@ class CompiledPair:
         compiled before it existed have not)."""
         return "verify_draft" + self._suffix in self.fn
 
-    def step_exact(self, token: int, start: int) -> int:
-        """A plain step through the verify graph (the `exact` mode): row 0 of a padded block."""
-        chosen, _ = self.verify([token], start)
+    def step_exact(self, token: int, start: int, fused: bool = False) -> int:
+        """A plain step through the verify graph (the `exact` mode): row 0 of a padded block.
+
+        fused: through `verify_draft` (its draft unused), the graph that drafted decoding verifies
+            with when it runs one call per round; bit equality holds within one compiled function.
+        """
+        chosen = self.verify_draft([token], start)[0] if fused else self.verify([token], start)[0]
         return chosen[0]
 
     def absorb(self, taps) -> None:

@@ -37,6 +37,11 @@ def _device_rule_disagreements(rule) -> int:
     block = torch.randint(0, 3, (S, B), generator=g)
     chosen = torch.randint(0, 3, (S, B), generator=g)
     n_draft = torch.randint(1, B, (S,), generator=g)
+    # and the edges: every draft right with all B - 1 drafts or with fewer (the padding matching
+    # too), and the first draft wrong
+    chosen[:3, :-1] = block[:3, 1:]
+    n_draft[:3] = torch.tensor([B - 1, 3, 1])
+    chosen[3, 0] = block[3, 1] + 1
     got = rule(block, chosen, n_draft)
     for s in range(S):
         n = int(n_draft[s])

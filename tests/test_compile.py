@@ -174,8 +174,8 @@ def test_manifest(host_cli, target_dir, drafter_dir):
     assert len(m["target"]["config_hash"]) == 64 and m["drafter"]["raw_config"]["block_size"] == 8
     assert (m["block_size"], m["max_context"], m["dtype"], m["streams"]) == (8, CONTEXT, "f32", 1)
     names = [e["name"] for e in m["entry_points"]]
-    assert names == ["prefill", "verify", "decode", "prefill_sampled", "verify_sampled", "decode_sampled",
-                     "verify_draft", "verify_draft_sampled", "absorb", "draft", "draft_topk"]
+    assert names == ["prefill", "verify", "decode", "verify_draft", "prefill_sampled", "verify_sampled",
+                     "decode_sampled", "verify_draft_sampled", "absorb", "draft", "draft_topk"]
     e = {x["name"]: x for x in m["entry_points"]}
     assert e["verify"]["args"][0] == {"name": "tokens", "shape": [1, 8], "dtype": "i64"}
     assert e["verify"]["results"] == [{"name": "chosen", "shape": [1, 8], "dtype": "i64"},

@@ -147,7 +147,8 @@ CAUSAL_HINT = False  # set by use_sdpa(causal_hint=True) in the target trainer
 
 
 def sdpa_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
-    """`export.qwen3.attend` computed by `F.scaled_dot_product_attention` (fused kernels on the GPU).
+    """`export.qwen3.attend` for training: the same `F.scaled_dot_product_attention`, with the KV heads
+    repeated per query head (what PyTorch's flash kernels take) and the causal hint.
 
     Same function (GQA, mask, softmax scale hd**-0.5); q: [S, T, Hq, hd]; k, v: [S, N, Hkv, hd];
     visible: bool [S, T, N]; returns [S, T, Hq * hd]. When CAUSAL_HINT is set and T == N the mask is
