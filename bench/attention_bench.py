@@ -17,10 +17,15 @@ as the model does, for T = 16 (verify) and T = 1 (decode) query rows:
   plain batch matmuls with no broadcast;
 - `sdpa`: the same layout through `F.scaled_dot_product_attention` with a boolean mask, which
   IREE lowers to its fused attention op; `sdpa_gt` with the rows of a group ordered (g, T), and
-  `sdpa_bias` with an additive float mask.
+  `sdpa_bias` with an additive float mask;
+- `sdpa_rows4`, `sdpa_rows8`, `sdpa_rows16` (T = 16 only): `sdpa` with IREE's configuration for the
+  attention op changed by a transform-dialect library to put 4, 8 or 16 query rows in a workgroup
+  instead of one (IREE 3.13 gives the CUDA attention op one row a workgroup, no tensor cores).
 
 `run` reports per module the wall ms per call (36 layers), the device busy ms and kernels per call
-(CUPTI through torch.profiler), and the largest difference from the first variant's output.
+(CUPTI through torch.profiler, copies left out), and the largest difference from the first
+variant's output (`max_abs_diff_vs_first`; `max_abs_diff_vs_current` in the files written before
+the rename).
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ WORK = ROOT / ".gpu" / "attention"
 LAYERS, CONTEXT, HQ, HKV, HD = 36, 1024, 32, 8, 128
 PAGE = 32
 START = 512  # committed rows before the block: the 8B speed bench's prompt
-VARIANTS = ("matmul", "grouped", "sdpa", "sdpa_gt", "sdpa_bias")
+VARIANTS = ("matmul", "grouped", "sdpa", "sdpa_gt", "sdpa_bias", "sdpa_rows4", "sdpa_rows8", "sdpa_rows16")
 ROWS = (16, 1)
 
 
@@ -111,7 +116,42 @@ def _sdpa_bias(q, k, v, visible):
     return out.reshape(S, Hkv, T, g, hd).permute(0, 2, 1, 3, 4).reshape(S, T, Hq * hd)
 
 
+# A transform-dialect library (`--iree-codegen-transform-dialect-library=FILE@__kernel_config`)
+# that gives the 16-row attention op IREE's own configuration for it, but with ROWS of the g
+# query heads (and T_ROWS tokens) in one workgroup instead of one row.
+_ROWS_SPEC = """module attributes {{ transform.with_named_sequence }} {{
+  transform.named_sequence @apply(%op: !transform.any_op {{transform.readonly}},
+      %config: !transform.any_param {{transform.readonly}}, %decomp: !transform.any_param {{transform.readonly}}) {{
+    transform.annotate %op "compilation_info" = %config : !transform.any_op, !transform.any_param
+    transform.annotate %op "decomposition_config" = %decomp : !transform.any_op, !transform.any_param
+    transform.yield
+  }}
+  transform.named_sequence @match(%op: !transform.any_op {{transform.readonly}})
+      -> (!transform.any_op, !transform.any_param, !transform.any_param) {{
+    transform.match.operation_name %op ["iree_linalg_ext.attention", "iree_linalg_ext.online_attention"] : !transform.any_op
+    %q = transform.get_operand %op[0] : (!transform.any_op) -> !transform.any_value
+    transform.iree.match.cast_compatible_type %q = tensor<1x16x8x4x128xbf16> : !transform.any_value
+    %config = transform.param.constant #iree_codegen.compilation_info<
+      lowering_config = #iree_gpu.lowering_config<{{partial_reduction = [0, 0, 0, 0, 0, 0, 128], workgroup = [1, 1, {t_rows}, {rows}, 32, 0, 0]}}>,
+      translation_info = #iree_codegen.translation_info<pipeline = #iree_gpu.pipeline<VectorDistribute> workgroup_size = [256, 1, 1] subgroup_size = 32>> -> !transform.any_param
+    %decomp = transform.param.constant {{
+      qk_attrs = {{lowering_config = #iree_gpu.lowering_config<{{lane_basis = [[1, 1, 1, 1, 1, 2, 16], [3, 0, 1, 2, 5, 6]], subgroup_basis = [[1, 1, 1, 1, 1, 1, 8], [0, 1, 2, 3, 4, 6]], thread = [0, 0, 0, 0, 8, 0]}}>}},
+      pv_attrs = {{lowering_config = #iree_gpu.lowering_config<{{lane_basis = [[1, 1, 1, 1, 1, 2, 16], [3, 0, 1, 2, 5, 6]], subgroup_basis = [[1, 1, 1, 1, 1, 1, 8], [0, 1, 2, 3, 5, 6]], thread = [0, 0, 0, 0, 8, 0]}}>}}
+    }} -> !transform.any_param
+    transform.yield %op, %config, %decomp : !transform.any_op, !transform.any_param, !transform.any_param
+  }}
+  transform.named_sequence @__kernel_config(%variant: !transform.any_op {{transform.consumed}}) {{
+    transform.foreach_match in %variant @match -> @apply : (!transform.any_op) -> !transform.any_op
+    transform.yield
+  }}
+}}
+"""
+ROW_TILES = {"sdpa_rows4": (1, 4), "sdpa_rows8": (2, 4), "sdpa_rows16": (4, 4)}  # (tokens, heads) a workgroup
+
+
 def _fn(variant: str):
+    if variant in ROW_TILES:
+        return _sdpa
     return {"matmul": _matmul, "grouped": _grouped, "sdpa": _sdpa, "sdpa_gt": _sdpa_gt, "sdpa_bias": _sdpa_bias}[variant]
 
 
@@ -158,7 +198,13 @@ def prepare(arch: str, variants=VARIANTS, rows=ROWS) -> None:
             mlir = WORK / f"{variant}-t{T}.mlir"
             out.save_mlir(mlir)
             vmfb = WORK / f"{variant}-t{T}-{a.name}.vmfb"
-            proc = subprocess.run([iree_compile_tool(), str(mlir), *compile_flags(a), "-o", str(vmfb)],
+            extra = []
+            if variant in ROW_TILES:
+                spec = WORK / f"{variant}.spec.mlir"
+                t_rows, rows = ROW_TILES[variant]
+                spec.write_text(_ROWS_SPEC.format(t_rows=t_rows, rows=rows))
+                extra = [f"--iree-codegen-transform-dialect-library={spec}@__kernel_config"]
+            proc = subprocess.run([iree_compile_tool(), str(mlir), *compile_flags(a), *extra, "-o", str(vmfb)],
                                   capture_output=True, text=True)
             mlir.unlink()
             status = "ok" if proc.returncode == 0 else "failed: " + proc.stderr.strip().splitlines()[-1][:200]
