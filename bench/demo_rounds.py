@@ -5,14 +5,19 @@
     PYTHONPATH=. python bench/demo_rounds.py run --json OUT      # on the GPU machine
     python bench/demo_rounds.py report OUT                       # here: the table
 
+`prepare --attention matmul` builds the variants with the former attention formulation instead
+(folders `demo-VARIANT-matmul-ARCH`, `run --variants VARIANT-matmul`), to compare the two on a
+backend.
+
 Variants (export/splice.py): `gemm`, every bf16 weight matmul with 2 <= M <= 64 on the skinny-GEMM
 dispatch; `gemm4m`, only weights of at least 4 MiB (here just the 6 MiB lm_head; the default since
 this bench, GEMM_MIN_WEIGHT_BYTES); `none`, no GEMM splice (the top-K splice stays in all three).
 
 `run`, per variant, in one process: the three arms alternated per prompt (rotating their order),
 greedy, over the code prompts; the tokens of both drafted arms against plain decoding through the
-verify graph (`exact`, equal bit for bit in any dtype); and the device time of each step called
-alone at a fixed position (decode, verify, draft, verify_draft), so the speedups can be explained.
+verify graph (`exact`, equal bit for bit in any dtype); and the wall time of each step called
+alone at a fixed position (decode, verify, draft, verify_draft; synchronous, tokens to the host),
+so the speedups can be explained.
 """
 
 from __future__ import annotations
@@ -42,12 +47,21 @@ def folder(variant: str, arch: str) -> Path:
     return WORK / f"demo-{variant}-{arch}"
 
 
-def prepare(arch: str, variants: list[str]) -> None:
+def prepare(arch: str, variants: list[str], attention: str = "sdpa") -> None:
+    """Compile each variant; attention "matmul" builds them with the former `attend` (matmul, float32
+    softmax, matmul: bench/attention_bench.py) instead of export/qwen3.py's, as VARIANT-matmul."""
+    from dflash_iree.export import dflash, qwen3
     from dflash_iree.export.compile import compile_artifacts
 
+    if attention == "matmul":
+        sys.path.insert(0, str(ROOT / "bench"))
+        from attention_bench import _matmul
+
+        qwen3.attend = dflash.attend = _matmul
     for v in variants:
-        compile_artifacts(arch, ROOT / "models/demo/target", ROOT / "models/demo/drafter", folder(v, arch),
-                          max_context=512, splices=_variants()[v])
+        name = v if attention == "sdpa" else f"{v}-{attention}"
+        compile_artifacts(arch, ROOT / "models/demo/target", ROOT / "models/demo/drafter", folder(name, arch),
+                          max_context=512, splices=_variants()[v], use_cache=attention == "sdpa")
 
 
 def _step_ms(engine, n: int = 50) -> dict:
@@ -149,6 +163,8 @@ def main() -> int:
     p = sub.add_parser("prepare")
     p.add_argument("--arch", default="sm_80")
     p.add_argument("--variants", nargs="+", default=["gemm", "gemm4m", "none"])
+    p.add_argument("--attention", choices=["sdpa", "matmul"], default="sdpa",
+                   help="matmul: the former attention formulation (folders VARIANT-matmul; export not cached)")
     r = sub.add_parser("run")
     r.add_argument("--device", default="cuda")
     r.add_argument("--json", required=True)
@@ -163,7 +179,7 @@ def main() -> int:
     q.add_argument("json")
     args = ap.parse_args()
     if args.cmd == "prepare":
-        prepare(args.arch, args.variants)
+        prepare(args.arch, args.variants, args.attention)
     elif args.cmd == "run":
         run(args.device, args.json, args.arch, args.variants, args.prompts, args.max_new_tokens, args.runs,
             args.runtime_flags)
