@@ -16,8 +16,9 @@ and binds the very same tensors (copied to host memory once) into the compiled m
   512-token prefill, so attention reads ~530 cache rows; a round as two calls (draft, verify) and as
   one (`verify_draft`, when the artifact has it);
 - with `--profile`, the device time of every kernel of those steps, from CUPTI through
-  torch.profiler (it records the kernels IREE launches in the same process too): kernels per call,
-  busy ms per call against the wall ms, and the kernels that take the most time;
+  torch.profiler (it records the kernels IREE launches in the same process too): kernels per call
+  (device-to-device copies included), busy ms per call against the wall ms, and the kernels that
+  take the most time;
 - achieved bandwidth of decode = the target's weight bytes read per step (every parameter but the
   embedding table) x steps per second;
 - peers on the same weights: the same `Qwen3` module in PyTorch eager, and under `torch.compile`
