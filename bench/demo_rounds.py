@@ -5,9 +5,11 @@
     PYTHONPATH=. python bench/demo_rounds.py run --json OUT      # on the GPU machine
     python bench/demo_rounds.py report OUT                       # here: the table
 
-`prepare --attention matmul` builds the variants with the former attention formulation instead
-(folders `demo-VARIANT-matmul-ARCH`, `run --variants VARIANT-matmul`), to compare the two on a
-backend.
+`prepare --attention fused|matmul` builds the variants with that attention form (export/qwen3.py
+`attend` / `attend_matmul`) in place of the arch's own (folders `demo-VARIANT-ATTENTION-ARCH`,
+`run --variants VARIANT-ATTENTION`), to compare the two on a backend. The results file
+`demo_rounds_host_attention.json` was made when the host still exported the fused form by default:
+its `gemm4m` is the fused form, `gemm4m-matmul` the matmul one.
 
 Variants (export/splice.py): `gemm`, every bf16 weight matmul with 2 <= M <= 64 on the skinny-GEMM
 dispatch; `gemm4m`, only weights of at least 4 MiB (here just the 6 MiB lm_head; the default since
@@ -47,21 +49,15 @@ def folder(variant: str, arch: str) -> Path:
     return WORK / f"demo-{variant}-{arch}"
 
 
-def prepare(arch: str, variants: list[str], attention: str = "sdpa") -> None:
-    """Compile each variant; attention "matmul" builds them with the former `attend` (matmul, float32
-    softmax, matmul: bench/attention_bench.py) instead of export/qwen3.py's, as VARIANT-matmul."""
-    from dflash_iree.export import dflash, qwen3
+def prepare(arch: str, variants: list[str], attention: str | None = None) -> None:
+    """Compile each variant, with the arch's attention form, or `attention` ("fused": IREE's fused
+    attention op, "matmul": matmul + float32 softmax + matmul; export/qwen3.py) as VARIANT-ATTENTION."""
     from dflash_iree.export.compile import compile_artifacts
 
-    if attention == "matmul":
-        sys.path.insert(0, str(ROOT / "bench"))
-        from attention_bench import _matmul
-
-        qwen3.attend = dflash.attend = _matmul
     for v in variants:
-        name = v if attention == "sdpa" else f"{v}-{attention}"
+        name = v if attention is None else f"{v}-{attention}"
         compile_artifacts(arch, ROOT / "models/demo/target", ROOT / "models/demo/drafter", folder(name, arch),
-                          max_context=512, splices=_variants()[v], use_cache=attention == "sdpa")
+                          max_context=512, splices=_variants()[v], attention=attention)
 
 
 def _step_ms(engine, n: int = 50) -> dict:
@@ -163,8 +159,8 @@ def main() -> int:
     p = sub.add_parser("prepare")
     p.add_argument("--arch", default="sm_80")
     p.add_argument("--variants", nargs="+", default=["gemm", "gemm4m", "none"])
-    p.add_argument("--attention", choices=["sdpa", "matmul"], default="sdpa",
-                   help="matmul: the former attention formulation (folders VARIANT-matmul; export not cached)")
+    p.add_argument("--attention", choices=["fused", "matmul"],
+                   help="an attention form in place of the arch's own (folders VARIANT-ATTENTION)")
     r = sub.add_parser("run")
     r.add_argument("--device", default="cuda")
     r.add_argument("--json", required=True)

@@ -119,11 +119,14 @@ class Pair(nn.Module):
 
 
 def build_pair(tcfg: TargetConfig, dcfg: DrafterConfig, max_context: int, block_size: int, streams: int,
-               dtype: torch.dtype, draft_top_k: int = 0) -> Pair:
-    """Target and drafter on the meta device (no weights), in eval mode, without gradients."""
+               dtype: torch.dtype, draft_top_k: int = 0, attention: str = "fused") -> Pair:
+    """Target and drafter on the meta device (no weights), in eval mode, without gradients.
+
+    attention: the attention form (export/qwen3.py `ATTENTION`) the backend runs best.
+    """
     with torch.device("meta"):
-        target = Qwen3(tcfg, max_context, dcfg.target_layer_ids, streams, dtype)
-        drafter = DFlashDrafter(dcfg, max_context, block_size, streams, dtype)
+        target = Qwen3(tcfg, max_context, dcfg.target_layer_ids, streams, dtype, attention=attention)
+        drafter = DFlashDrafter(dcfg, max_context, block_size, streams, dtype, attention=attention)
     pair = Pair(target, drafter, draft_top_k).eval()
     pair.requires_grad_(False)
     return pair

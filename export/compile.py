@@ -46,6 +46,9 @@ class Arch:
     driver: str  # iree.runtime driver: local-task | hip | cuda
     flags: tuple[str, ...]
     about: str
+    # The attention form the backend runs best (export/qwen3.py): IREE's fused attention op on GPUs,
+    # matmul + softmax + matmul on the CPU, 1.5x faster there (docs/benchmarks.md, host demo).
+    attention: str = "fused"
 
 
 def _cpu(cpu: str, triple: str | None = None) -> tuple[str, ...]:
@@ -84,7 +87,7 @@ _GFX1030 = (
 
 
 ARCHS: dict[str, Arch] = {a.name: a for a in (
-    Arch("host", "local-task", _cpu("host"), "llvm-cpu for this machine's CPU"),
+    Arch("host", "local-task", _cpu("host"), "llvm-cpu for this machine's CPU", attention="matmul"),
     Arch("gfx1030", "hip", (f"--iree-hal-target-device={_GFX1030}", *GPU_OPT), "RDNA2 (RX 6800/6900)"),
     Arch("gfx1100", "hip", _hip("gfx1100"), "RDNA3 (RX 7900 XTX/XT, W7900)"),
     Arch("gfx1151", "hip", _hip("gfx1151"), "RDNA3.5 (Strix Halo, Ryzen AI Max)"),
@@ -136,6 +139,7 @@ class Plan:
     streams: int
     sampled: bool = True
     draft_top_k: int = DEFAULT_DRAFT_TOP_K
+    attention: str = "fused"  # the arch's attention form (Arch.attention)
     entries: list = field(default_factory=list)  # filled by export_mlir
     parameters: dict = field(default_factory=dict)  # scope -> key -> {shape, dtype}
     state: dict = field(default_factory=dict)  # module-initialized globals (the caches)
@@ -145,11 +149,12 @@ class Plan:
 
 def plan(target_dir: str | Path, drafter_dir: str | Path, block_size: int | None = None,
          max_context: int | None = None, dtype: str | None = None, streams: int = 1, sampled: bool = True,
-         draft_top_k: int = DEFAULT_DRAFT_TOP_K) -> Plan:
+         draft_top_k: int = DEFAULT_DRAFT_TOP_K, attention: str = "fused") -> Plan:
     """Read and check the two config.json files and the options. Reads no weights, writes nothing.
 
     draft_top_k: K of the `draft_topk` entry point (the draft's top-K ids and log-probs), 1..64 and
     at most the vocabulary; 0 compiles no such entry point.
+    attention: the attention form to export, the target arch's `Arch.attention`.
 
     Raises:
         DFlashError: a missing config, an unsupported family, a drafter that does not fit the
@@ -179,7 +184,7 @@ def plan(target_dir: str | Path, drafter_dir: str | Path, block_size: int | None
     if not 0 <= draft_top_k <= most:
         raise DFlashError(f"--draft-top-k {draft_top_k} is out of range: use 1..{most} (the top-K kernel's limit, "
                           "and at most the vocabulary), or 0 for no draft_topk entry point")
-    return Plan(tcfg, dcfg, block, max_context, dtype, streams, sampled, draft_top_k)
+    return Plan(tcfg, dcfg, block, max_context, dtype, streams, sampled, draft_top_k, attention)
 
 
 class Progress:
@@ -201,7 +206,7 @@ def _build_pair(p: Plan):
     from dflash_iree.export.load import torch_dtype
 
     return aot.build_pair(p.target, p.drafter, p.max_context, p.block_size, p.streams, torch_dtype(p.dtype),
-                          p.draft_top_k)
+                          p.draft_top_k, p.attention)
 
 
 def _describe(p: Plan, pair) -> None:
@@ -254,7 +259,7 @@ def export_key(p: Plan) -> str:
     parts = {
         "target": {k: v for k, v in p.target.to_dict().items() if k != "folder"},
         "drafter": {k: v for k, v in p.drafter.to_dict().items() if k != "folder"},
-        "options": [p.block_size, p.max_context, p.dtype, p.streams, p.sampled, p.draft_top_k],
+        "options": [p.block_size, p.max_context, p.dtype, p.streams, p.sampled, p.draft_top_k, p.attention],
         "versions": [_version(d) for d in ("torch", "iree-turbine", "iree-base-compiler")],
         "sources": [hashlib.sha256((here / f).read_bytes()).hexdigest() for f in _EXPORT_SOURCES],
     }
@@ -367,6 +372,7 @@ def manifest(p: Plan, arch: Arch, flags: list[str], stats: dict, files: dict, re
         "block_size": p.block_size,
         "trained_block_size": p.drafter.block_size,
         "draft_top_k": p.draft_top_k,
+        "attention": p.attention,  # the attention form exported (export/qwen3.py ATTENTION)
         "max_context": p.max_context,
         "dtype": p.dtype,
         "streams": p.streams,
@@ -461,14 +467,16 @@ def _replace(stage: Path, out: Path) -> None:
 def compile_artifacts(arch: str, target_dir, drafter_dir, out_dir=None, block_size: int | None = None,
                       max_context: int | None = None, dtype: str | None = None, streams: int = 1, sampled: bool = True,
                       log=None, record: bool = False, use_cache: bool = True,
-                      draft_top_k: int = DEFAULT_DRAFT_TOP_K, splices: dict | None = None) -> dict:
+                      draft_top_k: int = DEFAULT_DRAFT_TOP_K, splices: dict | None = None,
+                      attention: str | None = None) -> dict:
     """The whole `dflash-iree compile`: plan, export (or reuse a cached export), lower (`splices` as
-    there). Returns the manifest."""
+    there; `attention` in place of the arch's own form, a compile experiment). Returns the manifest."""
     log = log or Progress()
     resolved, note = resolve_arch(arch)
     if note:
         log(f"note: {note}")
-    p = plan(target_dir, drafter_dir, block_size, max_context, dtype, streams, sampled, draft_top_k)
+    p = plan(target_dir, drafter_dir, block_size, max_context, dtype, streams, sampled, draft_top_k,
+             attention or resolved.attention)
     out = Path(out_dir) if out_dir else Path("compiled") / resolved.name
     _check_destination(out)
     iree_compile_tool()

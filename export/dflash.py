@@ -25,19 +25,20 @@ from torch import nn
 from dflash_iree.config import DrafterConfig
 
 from .ops import top_k_per_stream
-from .qwen3 import MLP, Attention, Qwen3, RMSNorm, attend, rope_tables, write_cache
+from .qwen3 import MLP, Attention, Qwen3, RMSNorm, attention_fn, rope_tables, write_cache
 from .sampling import argmax
 
 
 class DrafterLayer(nn.Module):
     """A Qwen3 layer whose keys and values are [cached context K/V, the block's own K/V]."""
 
-    def __init__(self, cfg: DrafterConfig, dtype=None, device=None):
+    def __init__(self, cfg: DrafterConfig, dtype=None, device=None, attention: str = "fused"):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
         self.self_attn = Attention(cfg, dtype, device)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
         self.mlp = MLP(cfg, dtype, device)
+        self.attention = attention
 
     def forward(self, x, cos, sin, ctx_k, ctx_v, ctx_visible) -> torch.Tensor:
         S, B, _ = x.shape
@@ -48,7 +49,7 @@ class DrafterLayer(nn.Module):
         values = torch.cat([ctx_v, v], 1)
         block_visible = torch.ones(S, B, B, dtype=torch.bool, device=x.device)
         visible = torch.cat([ctx_visible.expand(S, B, -1), block_visible], -1)
-        x = x + self.self_attn.o_proj(attend(q, keys, values, visible))
+        x = x + self.self_attn.o_proj(attention_fn(self.attention)(q, keys, values, visible))
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -60,18 +61,18 @@ class DFlashDrafter(nn.Module):
         max_context: context cache length in tokens; must equal the target's.
         block_size: B, the verify block (anchor + B - 1 drafts); 2..cfg.block_size.
         streams: leading stream dimension S (1 for now).
-        dtype, device: as for `Qwen3`.
+        dtype, device, attention: as for `Qwen3`.
     """
 
     def __init__(self, cfg: DrafterConfig, max_context: int, block_size: int | None = None, streams: int = 1,
-                 dtype=torch.float32, device=None):
+                 dtype=torch.float32, device=None, attention: str = "fused"):
         super().__init__()
         self.cfg = cfg
         self.max_context = max_context
         self.block_size = block_size or cfg.block_size
         self.fc = nn.Linear(cfg.num_taps * cfg.hidden_size, cfg.hidden_size, bias=False, dtype=dtype, device=device)
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
-        self.layers = nn.ModuleList(DrafterLayer(cfg, dtype, device) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DrafterLayer(cfg, dtype, device, attention) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
         shape = (streams, cfg.num_hidden_layers, 2, max_context, cfg.kv_dim)
         self.register_buffer("ctx_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)

@@ -97,6 +97,36 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Ten
     return out.reshape(S, Hkv, T, g, hd).permute(0, 2, 1, 3, 4).reshape(S, T, Hq * hd)
 
 
+def attend_matmul(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """`attend` as matmul, float32 softmax, matmul: the form the CPU backend runs best.
+
+    On IREE's llvm-cpu backend the fused attention op made the demo pair's decode step 1.5x slower
+    than this (bench/demo_rounds.py --attention matmul, bench/results/demo_rounds_host_attention.json),
+    while on the H200 this form is 3.4-8x slower than the fused op. Same arguments and result as
+    `attend` (scores and softmax in float32).
+    """
+    S, T, Hq, hd = q.shape
+    Hkv = k.shape[2]
+    qg = q.reshape(S, T, Hkv, Hq // Hkv, hd).permute(0, 2, 3, 1, 4)  # S, Hkv, g, T, hd
+    kt = k.permute(0, 2, 3, 1)[:, :, None]  # S, Hkv, 1, hd, N
+    scores = torch.matmul(qg, kt).float() * (hd**-0.5)
+    scores = scores.masked_fill(~visible[:, None, None], float("-inf"))
+    probs = torch.softmax(scores, -1).to(v.dtype)
+    out = torch.matmul(probs, v.permute(0, 2, 1, 3)[:, :, None])  # S, Hkv, g, T, hd
+    return out.permute(0, 3, 1, 2, 4).reshape(S, T, Hq * hd)
+
+
+ATTENTION = ("fused", "matmul")  # `attention` of the models: `attend`, or `attend_matmul`
+
+
+def attention_fn(attention: str):
+    """The attention function named by `attention` ("fused": `attend`, "matmul": `attend_matmul`),
+    looked up when called, so that training can swap `attend` (train/common.py)."""
+    if attention not in ATTENTION:
+        raise ValueError(f"attention {attention!r}: use one of {ATTENTION}")
+    return attend if attention == "fused" else attend_matmul
+
+
 class Attention(nn.Module):
     """Qwen3 attention projections with per-head q_norm / k_norm (shared by target and drafter)."""
 
@@ -141,12 +171,13 @@ def write_cache(cache: torch.Tensor, layer: int, positions: torch.Tensor, k: tor
 class DecoderLayer(nn.Module):
     """Pre-norm Qwen3 decoder layer: x + attn(norm(x)), then x + mlp(norm(x))."""
 
-    def __init__(self, cfg: LayerShape, dtype=None, device=None):
+    def __init__(self, cfg: LayerShape, dtype=None, device=None, attention: str = "fused"):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
         self.self_attn = Attention(cfg, dtype, device)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
         self.mlp = MLP(cfg, dtype, device)
+        self.attention = attention
 
     def forward(self, x, cos, sin, positions, cache: torch.Tensor | None, layer: int, read_len: int) -> torch.Tensor:
         h = self.input_layernorm(x)
@@ -161,17 +192,17 @@ class DecoderLayer(nn.Module):
             values = cache[:, layer, 1, :read_len].view(S, read_len, hkv, hd)
             key_pos = torch.arange(read_len, dtype=torch.int64, device=positions.device)[None, None, :]
         visible = key_pos <= positions[:, :, None]
-        x = x + self.self_attn.o_proj(attend(q, keys, values, visible))
+        x = x + self.self_attn.o_proj(attention_fn(self.attention)(q, keys, values, visible))
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class Qwen3Body(nn.Module):
     """`model.*` of the HF checkpoint: embed_tokens, layers, norm."""
 
-    def __init__(self, cfg: TargetConfig, dtype=None, device=None):
+    def __init__(self, cfg: TargetConfig, dtype=None, device=None, attention: str = "fused"):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, dtype, device) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, dtype, device, attention) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
 
 
@@ -185,15 +216,17 @@ class Qwen3(nn.Module):
         streams: leading stream dimension S of the cache (1 for now).
         dtype: parameter and cache dtype (torch.bfloat16, float16, float32).
         device: "meta" builds the structure without memory (export of large shapes).
+        attention: "fused" (`attend`, for GPUs) or "matmul" (`attend_matmul`, for CPUs); the same
+            function either way.
     """
 
     def __init__(self, cfg: TargetConfig, max_context: int, tap_layer_ids=(), streams: int = 1,
-                 dtype=torch.float32, device=None):
+                 dtype=torch.float32, device=None, attention: str = "fused"):
         super().__init__()
         self.cfg = cfg
         self.max_context = max_context
         self.tap_layer_ids = tuple(tap_layer_ids)
-        self.model = Qwen3Body(cfg, dtype, device)
+        self.model = Qwen3Body(cfg, dtype, device, attention)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, dtype=dtype, device=device)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight

@@ -1,6 +1,7 @@
 """Splice custom dispatches into the exported module: the one place where that happens.
 
-The export (export/aot.py) is arch-neutral and cached: a custom kernel appears in it as a torch op
+The export (export/aot.py) is arch-neutral (but for the attention form a backend runs best,
+export/compile.py `Arch.attention`) and cached: a custom kernel appears in it as a torch op
 that the compiler cannot lower by itself (a `torch.operator "torch.dflash.<op>"`, or any torch op
 that a kernel should replace). `export/compile.py lower()` runs `splice_file` once per arch between
 the export and iree-compile: it reads the exported module, replaces each such op with a call of a

@@ -56,7 +56,15 @@ def tiny_export(export_cache, target_dir, drafter_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def host_cli(tiny_export, target_dir, drafter_dir, tmp_path_factory):
+def tiny_export_cpu(export_cache, target_dir, drafter_dir, tmp_path_factory):
+    """The same with the CPU's attention form (Arch.attention of host: "matmul")."""
+    p = cc.plan(target_dir, drafter_dir, max_context=CONTEXT, attention=cc.ARCHS["host"].attention)
+    mlir = cc.export_cached(p, tmp_path_factory.mktemp("work"), log=lambda m: None)
+    return p, mlir
+
+
+@pytest.fixture(scope="session")
+def host_cli(tiny_export_cpu, target_dir, drafter_dir, tmp_path_factory):
     """`dflash-iree compile --arch host` on the tiny pair (the export comes from the cache)."""
     out = tmp_path_factory.mktemp("cli") / "host"
     rc = main(["compile", "--arch", "host", "--target", str(target_dir), "--drafter", str(drafter_dir),
@@ -66,13 +74,14 @@ def host_cli(tiny_export, target_dir, drafter_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def records_built(tiny_export, tmp_path_factory):
-    """Every ARCH lowered from the one export, two at a time; host for the fixed record CPU, with
-    its compilation phases dumped (the HAL IR for the copy test). arch -> (folder, phases folder)."""
-    p, mlir = tiny_export
+def records_built(tiny_export, tiny_export_cpu, tmp_path_factory):
+    """Every ARCH lowered from the export of its attention form, two at a time; host for the fixed
+    record CPU, with its compilation phases dumped (the HAL IR for the copy test).
+    arch -> (folder, phases folder)."""
     root = tmp_path_factory.mktemp("records")
 
     def build(arch):
+        p, mlir = tiny_export_cpu if cc.ARCHS[arch].attention == "matmul" else tiny_export
         phases = root / f"{arch}-phases" if arch == "host" else None
         cc.lower(p, arch, mlir, root / arch, log=lambda m: None, record=True, dump_phases=phases)
         return arch, (root / arch, phases)

@@ -174,10 +174,8 @@ def use_sdpa(causal_hint: bool = False) -> None:
     # paid that each step; flash / memory-efficient kernels have no such cost
     if hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
         torch.backends.cuda.enable_cudnn_sdp(False)
+    # both models look `attend` up in export/qwen3.py when they run (`attention_fn`)
     qwen3_module.attend = sdpa_attend
-    from dflash_iree.export import dflash as dflash_module
-
-    dflash_module.attend = sdpa_attend
 
 
 def save_sharded(tensors: dict[str, torch.Tensor], folder: Path, max_bytes: int = 15_000_000,
