@@ -76,7 +76,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Ten
     `scaled_dot_product_attention`, which IREE compiles to its fused attention op (one dispatch a
     layer, no score tensor in memory): at the Qwen3-8B shapes on the H200 that cut attention's
     device time 3.4x for a 16-row verify and 8x for decode against matmul + softmax + matmul
-    (bench/attention_bench.py, bench/results/attention_h200.json).
+    (bench/attention_bench.py, bench/results/attention_h200.json). The form for GPU archs; the
+    CPU runs `attend_matmul` faster (export/compile.py `Arch.attention`).
 
     Args:
         q: [S, T, Hq, hd]; k, v: [S, N, Hkv, hd]; visible: bool [S, T, N] (True: attend).
