@@ -10,9 +10,10 @@ attention costs 0.05 ms a layer. Each module here runs one formulation over all 
 KV cache [36, 2, 1024, 1024] bf16 (argument, uploaded once), reading `pages.shape[0] * 32` rows
 as the model does, for T = 16 (verify) and T = 1 (decode) query rows:
 
-- `matmul`: `attend` as it was: queries [S, Hkv, g, T, hd] against keys broadcast over the g
-  query heads of a group, a float32 softmax between two matmuls (the results files call it
-  `current`: they were measured before export/qwen3.py took `sdpa`);
+- `matmul`: export/qwen3.py `attend_matmul`, `attend` as it was (and the CPU's form now): queries
+  [S, Hkv, g, T, hd] against keys broadcast over the g query heads of a group, a float32 softmax
+  between two matmuls (the results files call it `current`: they were measured before the GPU
+  archs took `sdpa`);
 - `grouped`: the g heads of a group folded into the rows, [S*Hkv, T*g, hd] @ [S*Hkv, hd, N], two
   plain batch matmuls with no broadcast;
 - `sdpa`: the same layout through `F.scaled_dot_product_attention` with a boolean mask, which
@@ -31,6 +32,7 @@ the rename).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -44,21 +46,6 @@ PAGE = 32
 START = 512  # committed rows before the block: the 8B speed bench's prompt
 VARIANTS = ("matmul", "grouped", "sdpa", "sdpa_gt", "sdpa_bias", "sdpa_rows4", "sdpa_rows8", "sdpa_rows16")
 ROWS = (16, 1)
-
-
-def _matmul(q, k, v, visible):
-    """The formulation of export/qwen3.py `attend` before this bench (its variant name was `current`)."""
-    import torch
-
-    S, T, Hq, hd = q.shape
-    Hkv = k.shape[2]
-    qg = q.reshape(S, T, Hkv, Hq // Hkv, hd).permute(0, 2, 3, 1, 4)  # S, Hkv, g, T, hd
-    kt = k.permute(0, 2, 3, 1)[:, :, None]  # S, Hkv, 1, hd, N
-    scores = torch.matmul(qg, kt).float() * (hd**-0.5)
-    scores = scores.masked_fill(~visible[:, None, None], float("-inf"))
-    probs = torch.softmax(scores, -1).to(v.dtype)
-    out = torch.matmul(probs, v.permute(0, 2, 1, 3)[:, :, None])  # S, Hkv, g, T, hd
-    return out.permute(0, 3, 1, 2, 4).reshape(S, T, Hq * hd)
 
 
 def _grouped(q, k, v, visible):
@@ -76,44 +63,28 @@ def _grouped(q, k, v, visible):
     return out.reshape(S, Hkv, T, g, hd).permute(0, 2, 1, 3, 4).reshape(S, T, Hq * hd)
 
 
-def _sdpa(q, k, v, visible):
-    import torch.nn.functional as F
-
-    S, T, Hq, hd = q.shape
-    N, Hkv = k.shape[1], k.shape[2]
-    g = Hq // Hkv
-    qg = q.reshape(S, T, Hkv, g, hd).permute(0, 2, 1, 3, 4).reshape(S, Hkv, T * g, hd)
-    mask = visible[:, None, :, None, :].expand(S, Hkv, T, g, N).reshape(S, Hkv, T * g, N)
-    out = F.scaled_dot_product_attention(qg, k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3), attn_mask=mask)
-    return out.reshape(S, Hkv, T, g, hd).permute(0, 2, 1, 3, 4).reshape(S, T, Hq * hd)
-
-
-def _sdpa_gt(q, k, v, visible):
-    """`sdpa` with the rows of a group ordered (g, T) instead of (T, g)."""
-    import torch.nn.functional as F
-
-    S, T, Hq, hd = q.shape
-    N, Hkv = k.shape[1], k.shape[2]
-    g = Hq // Hkv
-    qg = q.reshape(S, T, Hkv, g, hd).permute(0, 2, 3, 1, 4).reshape(S, Hkv, g * T, hd)
-    mask = visible[:, None, None].expand(S, Hkv, g, T, N).reshape(S, Hkv, g * T, N)
-    out = F.scaled_dot_product_attention(qg, k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3), attn_mask=mask)
-    return out.reshape(S, Hkv, g, T, hd).permute(0, 3, 1, 2, 4).reshape(S, T, Hq * hd)
-
-
-def _sdpa_bias(q, k, v, visible):
-    """`sdpa` with an additive float mask (0 or -inf) in place of the boolean one."""
+def _sdpa(q, k, v, visible, order: str = "tg", bias: bool = False):
+    """One `scaled_dot_product_attention` with the g heads of a KV group as rows, ordered (T, g) or
+    (g, T), and a boolean mask or (bias) an additive float one of 0 / -inf."""
     import torch
     import torch.nn.functional as F
 
     S, T, Hq, hd = q.shape
     N, Hkv = k.shape[1], k.shape[2]
     g = Hq // Hkv
-    qg = q.reshape(S, T, Hkv, g, hd).permute(0, 2, 1, 3, 4).reshape(S, Hkv, T * g, hd)
-    bias = torch.zeros(visible.shape, dtype=q.dtype).masked_fill(~visible, float("-inf"))
-    bias = bias[:, None, :, None, :].expand(S, Hkv, T, g, N).reshape(S, Hkv, T * g, N)
-    out = F.scaled_dot_product_attention(qg, k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3), attn_mask=bias)
-    return out.reshape(S, Hkv, T, g, hd).permute(0, 2, 1, 3, 4).reshape(S, T, Hq * hd)
+    if order == "tg":
+        qg = q.reshape(S, T, Hkv, g, hd).permute(0, 2, 1, 3, 4).reshape(S, Hkv, T * g, hd)
+    else:
+        qg = q.reshape(S, T, Hkv, g, hd).permute(0, 2, 3, 1, 4).reshape(S, Hkv, g * T, hd)
+    mask = torch.zeros(visible.shape, dtype=q.dtype).masked_fill(~visible, float("-inf")) if bias else visible
+    if order == "tg":
+        mask = mask[:, None, :, None, :].expand(S, Hkv, T, g, N).reshape(S, Hkv, T * g, N)
+    else:
+        mask = mask[:, None, None].expand(S, Hkv, g, T, N).reshape(S, Hkv, g * T, N)
+    out = F.scaled_dot_product_attention(qg, k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3), attn_mask=mask)
+    if order == "tg":
+        return out.reshape(S, Hkv, T, g, hd).permute(0, 2, 1, 3, 4).reshape(S, T, Hq * hd)
+    return out.reshape(S, Hkv, g, T, hd).permute(0, 3, 1, 2, 4).reshape(S, T, Hq * hd)
 
 
 # A transform-dialect library (`--iree-codegen-transform-dialect-library=FILE@__kernel_config`)
@@ -150,9 +121,12 @@ ROW_TILES = {"sdpa_rows4": (1, 4), "sdpa_rows8": (2, 4), "sdpa_rows16": (4, 4)} 
 
 
 def _fn(variant: str):
+    from dflash_iree.export.qwen3 import attend_matmul
+
     if variant in ROW_TILES:
         return _sdpa
-    return {"matmul": _matmul, "grouped": _grouped, "sdpa": _sdpa, "sdpa_gt": _sdpa_gt, "sdpa_bias": _sdpa_bias}[variant]
+    return {"matmul": attend_matmul, "grouped": _grouped, "sdpa": _sdpa,
+            "sdpa_gt": functools.partial(_sdpa, order="gt"), "sdpa_bias": functools.partial(_sdpa, bias=True)}[variant]
 
 
 def _module(variant: str):
