@@ -31,9 +31,8 @@ The splices:
   `topk_dispatch(n, V, k, arch)`, one per shape, named `dflash_topk_{n}x{V}x{k}`.
 - `splice_gemm` (CUDA and gfx11/12 archs): `torch.aten.mm(x [M, K] bf16, transpose(W))` with W a
   module global (a weight parameter, [N, K] bf16, of at least GEMM_MIN_WEIGHT_BYTES) and a static
-  2 <= M <= 64 -> the skinny-GEMM
-  dispatch of kernels/gemm.py, `gemm_dispatch(M, N, K, arch)`, one per shape, named
-  `dflash_gemm_{M}x{N}x{K}`, reading W in place (the transpose goes).
+  2 <= M <= 64 -> the skinny-GEMM dispatch of kernels/gemm.py, `gemm_dispatch(M, N, K, arch)`, one
+  per shape, named `dflash_gemm_{M}x{N}x{K}`, reading W in place (the transpose goes).
 
 `last_report()` says what the last `splice_file` replaced, per splice (the compile manifest keeps it).
 
@@ -293,7 +292,8 @@ def splice_gemm(module, arch: str, min_weight_bytes: int = GEMM_MIN_WEIGHT_BYTES
 
     Taken: x [M, K] bf16 with a static GEMM_MIN_M <= M <= 64, W a `util.global.load` of [N, K] bf16
     of at least `min_weight_bytes` bytes, the result [M, N] bf16, and a shape the kernel takes on
-    ARCH (kernels/gemm.py `why_unsupported`); every other mm is left to IREE. Archs: CUDA (sm_*) and gfx1100/1151/1201; others return None.
+    ARCH (kernels/gemm.py `why_unsupported`); every other mm is left to IREE. Archs: CUDA (sm_*)
+    and gfx1100/1151/1201; others return None.
     Each (M, N, K) gets one function `dflash_gemm_{M}x{N}x{K}` (its executable and counter global).
     Records (M, N, K, count) per shape in `last_report()["gemm"]`. Returns the flags (the object
     search path), or None when nothing was replaced.

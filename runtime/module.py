@@ -1,8 +1,8 @@
 """One compiled module on one device: typed calls to its entry points for a single stream.
 
 Entry points (export/aot.py): `prefill`, `verify`, `decode`, `verify_draft` (each also
-`*_sampled`), `absorb`, `draft`, and `draft_topk` when the artifacts were compiled with `--draft-top-k K` (K >= 1). Every
-call passes `pages`, an int8 vector whose length bounds the KV cache rows that attention reads
+`*_sampled`), `absorb`, `draft`, and `draft_topk` when the artifacts were compiled with
+`--draft-top-k K` (K >= 1). Every call passes `pages`, an int8 vector whose length bounds the KV cache rows that attention reads
 (`kv_page` rows a page), so a step's cost follows the context length, not `max_context`. Taps stay
 on the device: `prefill` and `verify` return them as device arrays and `absorb` / `draft` take
 them back.
@@ -56,8 +56,9 @@ class CompiledPair:
     def _pages(self, rows: int) -> np.ndarray:
         return np.zeros(max(1, -(-rows // self.kv_page)), np.int8)
 
-    def _target(self, name: str, tokens: list[int], start: int):
-        args = (np.array([tokens], np.int64), np.array([start], np.int64), self._pages(start + len(tokens)))
+    def _target(self, name: str, tokens: list[int], start: int, *before_pages):
+        args = (np.array([tokens], np.int64), np.array([start], np.int64), *before_pages,
+                self._pages(start + len(tokens)))
         return self.fn[name + self._suffix](*args, *self._sampling)
 
     def prefill(self, ids: list[int]):
@@ -94,9 +95,7 @@ class CompiledPair:
             `draft`).
         """
         n = len(block)
-        args = (np.array([self._pad(block)], np.int64), np.array([start], np.int64), np.array([n - 1], np.int64),
-                self._pages(start + self.block_size))
-        packed, taps = self.fn["verify_draft" + self._suffix](*args, *self._sampling)
+        packed, taps = self._target("verify_draft", self._pad(block), start, np.array([n - 1], np.int64))
         row = [int(t) for t in self._host(packed)[0]]
         B = self.block_size
         return row[:n], row[B:2 * B - 1], row[2 * B - 1], taps
