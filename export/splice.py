@@ -34,6 +34,12 @@ The splices:
   2 <= M <= 64 -> the skinny-GEMM dispatch of kernels/gemm.py, `gemm_dispatch(M, N, K, arch)`, one
   per shape, named `dflash_gemm_{M}x{N}x{K}`, reading W in place (the transpose goes).
 
+- `splice_attention` (CUDA and gfx archs): `torch.aten.scaled_dot_product_attention` of a verify
+  block (bf16 q [S, Hkv, R, hd], ATTENTION_MIN_ROWS <= R <= 64) whose keys and values are one layer's
+  rows of the target's KV cache (export/qwen3.py `attend` over `write_cache`'s cache) -> the block
+  attention of kernels/attention.py, `attention_dispatch(S, Hkv, R, hd, L, C, arch)`, which reads the
+  whole cache in place with the layer as an argument.
+
 `last_report()` says what the last `splice_file` replaced, per splice (the compile manifest keeps it).
 
 Needs the compile extra (iree-base-compiler's MLIR bindings), not torch.
@@ -332,8 +338,124 @@ def splice_gemm(module, arch: str, min_weight_bytes: int = GEMM_MIN_WEIGHT_BYTES
     return flags
 
 
+# Query rows below this (decode: R = the g query heads of a KV group) keep IREE's fused attention op,
+# which costs about 10 µs a layer there on the H200; at R = 16..64 it costs 137 µs at the 8B shapes
+# (bench/attention_bench.py).
+ATTENTION_MIN_ROWS = 8
+SDPA_OP = "torch.aten.scaled_dot_product_attention"
+
+
+def _list_ints(value) -> list[int] | None:
+    owner = value.owner
+    if getattr(owner, "name", None) != "torch.prim.ListConstruct":
+        return None
+    try:
+        return [constant_int(v) for v in owner.operands]
+    except DFlashError:
+        return None
+
+
+def _cache_rows(kv):
+    """(cache, layer, which) when KV (a `scaled_dot_product_attention` key or value operand) is
+    export/qwen3.py's `cache[:, layer, which, :n].view(S, n, Hkv, hd).permute(0, 2, 1, 3)` of a
+    [S, L, 2, C, Hkv * hd] tensor `cache`, else None."""
+    def arg(value, name, i=0):
+        return value.owner.operands[i] if _owner_name(value) == name else None
+
+    try:
+        viewed = arg(kv, "torch.aten.permute")
+        if viewed is None or _list_ints(kv.owner.operands[1]) != [0, 2, 1, 3]:
+            return None
+        sliced = arg(viewed, "torch.aten.view")
+        if sliced is None or _owner_name(sliced) != "torch.aten.slice.Tensor":
+            return None
+        sl = sliced.owner
+        dim, start, step = sl.operands[1], sl.operands[2], sl.operands[4]
+        if constant_int(dim) != 1 or constant_int(step) != 1 or (
+                _owner_name(start) != "torch.constant.none" and constant_int(start) != 0):
+            return None
+        sel_kv = sl.operands[0]
+        if _owner_name(sel_kv) != "torch.aten.select.int" or constant_int(sel_kv.owner.operands[1]) != 1:
+            return None
+        sel_layer = sel_kv.owner.operands[0]
+        if _owner_name(sel_layer) != "torch.aten.select.int" or constant_int(sel_layer.owner.operands[1]) != 1:
+            return None
+        return sel_layer.owner.operands[0], constant_int(sel_layer.owner.operands[2]), constant_int(sel_kv.owner.operands[2])
+    except DFlashError:  # an operand that is not a constant int
+        return None
+
+
+def splice_attention(module, arch: str, min_rows: int = ATTENTION_MIN_ROWS) -> list[str] | None:
+    """Replace the verify block's `scaled_dot_product_attention` over the KV cache with the block attention.
+
+    Taken: q [S, Hkv, R, hd] bf16 with a static min_rows <= R <= 64; k and v the rows [:n] of one
+    layer of a [S, L, 2, C, Hkv * hd] bf16 cache (export/qwen3.py `attend` over `write_cache`'s cache,
+    `_cache_rows`), keys at index 0 and values at 1 of the same layer; a boolean mask [S, 1, R, n]
+    with a dynamic n; no dropout, not causal, no GQA flag. The cache goes to the kernel whole and is
+    read in place (kernels/attention.py, `attention_dispatch(S, Hkv, R, hd, L, C, arch)`, one function
+    per shape named `dflash_attention_{S}x{Hkv}x{R}x{hd}_{L}x{C}`, the layer a call argument). Every
+    other attention stays IREE's (decode, prefill, the drafter's). Archs: CUDA (sm_*) and gfx*.
+    Records (S, Hkv, R, hd, count) per shape in `last_report()["attention"]`. Returns the flags (the
+    object search path), or None when nothing was replaced.
+    """
+    from iree.compiler import ir
+
+    from dflash_iree.kernels.attention import ARCHS, attention_dispatch, why_unsupported
+
+    if arch not in ARCHS:
+        return None
+    flags: list[str] = []
+    counts: dict[tuple, int] = {}
+    for op in find_ops(module, SDPA_OP):
+        q, k, v, mask, dropout, causal, scale = list(op.operands)[:7]
+        gqa = list(op.operands)[7] if len(op.operands) > 7 else None
+        if any(_owner_name(f) != "torch.constant.bool" or ir.BoolAttr(f.owner.attributes["value"]).value
+               for f in (causal, gqa) if f is not None):
+            continue
+        if _owner_name(dropout) != "torch.constant.float" or ir.FloatAttr(dropout.owner.attributes["value"]).value != 0.0:
+            continue
+        if _owner_name(scale) == "torch.constant.float":
+            sc = ir.FloatAttr(scale.owner.attributes["value"]).value
+        elif _owner_name(scale) == "torch.constant.none":
+            sc = None
+        else:
+            continue
+        kr, vr = _cache_rows(k), _cache_rows(v)
+        if kr is None or vr is None or kr[0] != vr[0] or kr[1] != vr[1] or (kr[2], vr[2]) != (0, 1):
+            continue
+        cache, layer = kr[0], kr[1]
+        qm = re.fullmatch(r"tensor<(\d+)x(\d+)x(\d+)x(\d+)xbf16>", builtin_type(q.type))
+        cm = re.fullmatch(r"tensor<(\d+)x(\d+)x2x(\d+)x(\d+)xbf16>", builtin_type(cache.type))
+        if not qm or not cm:
+            continue
+        S, Hkv, R, D = (int(x) for x in qm.groups())
+        L, C = int(cm[2]), int(cm[3])
+        if (int(cm[1]) != S or int(cm[4]) != Hkv * D or R < min_rows
+                or builtin_type(mask.type) != f"tensor<{S}x1x{R}x?xi1>"
+                or builtin_type(op.results[0].type) != builtin_type(q.type)
+                or why_unsupported(S, Hkv, R, D, L, C, arch)):
+            continue
+        name = f"dflash_attention_{S}x{Hkv}x{R}x{D}_{L}x{C}" + ("" if sc is None else f"_s{sc:.6g}".replace(".", "p"))
+        d = attention_dispatch(S, Hkv, R, D, L, C, arch, name=name, scale=sc)
+        add_functions(module, d.mlir)
+        with op.context, op.location, ir.InsertionPoint(op):
+            i32 = ir.IntegerType.get_signless(32)
+            layer_v = ir.Operation.create("arith.constant", results=[i32],
+                                          attributes={"value": ir.IntegerAttr.get(i32, layer)}).result
+        replace_with_call(op, name, [q, cache, mask, layer_v], [builtin_type(q.type)])
+        key = (S, Hkv, R, D)
+        counts[key] = counts.get(key, 0) + 1
+        flags += [f for f in d.flags if f not in flags]
+    if not counts:
+        return None
+    _REPORT["attention"] = [{"S": S, "Hkv": Hkv, "R": R, "head_dim": D, "ops": c}
+                            for (S, Hkv, R, D), c in sorted(counts.items())]
+    return flags
+
+
 # name -> splice; run in this order by `splice_file`.
-SPLICES: dict[str, Callable[[object, str], list[str] | None]] = {"topk": splice_topk, "gemm": splice_gemm}
+SPLICES: dict[str, Callable[[object, str], list[str] | None]] = {"topk": splice_topk, "gemm": splice_gemm,
+                                                                  "attention": splice_attention}
 
 
 def splice_file(src: str | Path, dst: str | Path, arch: str, splices: dict | None = None) -> tuple[Path, list[str]]:

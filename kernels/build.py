@@ -1,4 +1,4 @@
-"""`make kernels`: rebuild the committed kernel objects (top-K, skinny GEMM) with the pinned clang, inspect them, write the manifest.
+"""`make kernels`: rebuild the committed kernel objects (top-K, skinny GEMM, block attention) with the pinned clang, inspect them, write the manifest.
 
     python -m dflash_iree.kernels.build            # rebuild kernels/objects/ and its manifest.json
     python -m dflash_iree.kernels.build --check    # rebuild into a temporary folder, compare bytes
@@ -32,7 +32,8 @@ OBJECTS = HERE / "objects"
 CLANG, LLD = "clang-19", "ld.lld-19"
 PINNED = "19.1.7"
 PTX_ISA = "7.8"
-SOURCES = ("topk_body.h", "topk_gpu.cu", "topk_cpu.c", "gemm_body.h", "gemm_gpu.cu")
+SOURCES = ("topk_body.h", "topk_gpu.cu", "topk_cpu.c", "gemm_body.h", "gemm_gpu.cu", "gpu.h", "attention_body.h",
+           "attention_gpu.cu")
 
 # Embedded-ELF objects: no libc or builtins to call, no stack protector (no TLS), and the fast-math
 # subset that lets clang vectorize the exp sum (reassociation), without assuming finite values
@@ -60,6 +61,13 @@ def targets() -> dict[str, tuple[str, list[str]]]:
         out[f"gemm_{arch}.ptx"] = (arch, [a if a != "topk_gpu.cu" else "gemm_gpu.cu" for a in out[f"topk_{arch}.ptx"][1]])
     for arch in ("gfx1100", "gfx1151", "gfx1201"):
         out[f"gemm_{arch}.co"] = (arch, [a if a != "topk_gpu.cu" else "gemm_gpu.cu" for a in out[f"topk_{arch}.co"][1]])
+    # The block attention (attention_gpu.cu): scalar f32 math, so every GPU arch, gfx1030 included.
+    for arch in ("sm_80", "sm_86", "sm_89"):
+        out[f"attention_{arch}.ptx"] = (arch, [a if a != "topk_gpu.cu" else "attention_gpu.cu"
+                                               for a in out[f"topk_{arch}.ptx"][1]])
+    for arch in ("gfx1030", "gfx1100", "gfx1151", "gfx1201"):
+        out[f"attention_{arch}.co"] = (arch, [a if a != "topk_gpu.cu" else "attention_gpu.cu"
+                                              for a in out[f"topk_{arch}.co"][1]])
     out["topk_x86_64.o"] = ("host", ["--target=x86_64-unknown-unknown-eabi-elf", "-march=x86-64-v3", *_CPU_FLAGS,
                                      "-c", "topk_cpu.c"])
     out["topk_arm_64.o"] = ("host-arm_64", ["--target=aarch64-none-elf", "-march=armv8-a", *_CPU_FLAGS,

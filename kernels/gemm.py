@@ -136,22 +136,26 @@ def gemm_plan(N: int, K: int, arch: str, splits: int | None = None) -> GemmPlan:
     return GemmPlan(N=N, K=K, arch=arch, block_n=b["bn"], splits=splits, threads=b["threads"])
 
 
-def _target(arch: str) -> str:
+def executable_target(arch: str) -> str:
+    """The generic executable target of ARCH's backend that the objects are keyed by."""
     if arch in CUDA_ARCHS:
         return '#hal.executable.target<"cuda", "cuda-nvptx-fb">'
     return '#hal.executable.target<"rocm", "rocm-hsaco-fb">'
 
 
-def _layout(constants: int, read_only: int, bindings: int) -> str:
+def pipeline_layout(constants: int, read_only: int, bindings: int) -> str:
+    """A `#hal.pipeline.layout`: CONSTANTS push constants, BINDINGS buffers of which the first READ_ONLY are read-only."""
     b = (["#hal.pipeline.binding<storage_buffer, ReadOnly>"] * read_only
          + ["#hal.pipeline.binding<storage_buffer>"] * (bindings - read_only))
     return f"#hal.pipeline.layout<constants = {constants}, bindings = [{', '.join(b)}]>"
 
 
-def _executable(sym: str, entry: str, arch: str, obj: str, layout: str, threads: int, workload: int) -> str:
+def executable_source(sym: str, entry: str, arch: str, obj: str, layout: str, threads: int, workload: int) -> str:
+    """A `hal.executable.source` @SYM exporting ENTRY of object OBJ, THREADS threads a workgroup, whose
+    workgroup count is its first WORKLOAD workload values (the rest 1)."""
     wl = "".join(f", %w{i}: index" for i in range(workload))
     count = ", ".join([f"%w{i}" for i in range(workload)] + ["%c1"] * (3 - workload))
-    return (f"hal.executable.source private @{sym} <objects = <{{{_target(arch)} = "
+    return (f"hal.executable.source private @{sym} <objects = <{{{executable_target(arch)} = "
             f"[#hal.executable.object<{{path = \"{obj}\"}}>]}}>> {{\n"
             f"  hal.executable.export public @{entry} ordinal(0) layout({layout})"
             f" count(%device: !hal.device{wl}) -> (index, index, index) {{\n"
@@ -181,7 +185,7 @@ def gemm_dispatch(M: int, N: int, K: int, arch: str, *, name: str = "dflash_gemm
     x_t, w_t, y_t = f"tensor<{M}x{K}xbf16>", f"tensor<{N}x{K}xbf16>", f"tensor<{M}x{N}xbf16>"
     c_t = f"tensor<{cb}xi32>"
     p_t = f"tensor<{S}x{M}x{N}xf32>" if S > 1 else "tensor<1xf32>"  # split partials (scratch)
-    text = _executable(f"{name}_mm", f"dflash_gemm_mt{mt}", arch, obj.name, _layout(5, 2, 5), plan.threads, 2)
+    text = executable_source(f"{name}_mm", f"dflash_gemm_mt{mt}", arch, obj.name, pipeline_layout(5, 2, 5), plan.threads, 2)
     # The split-K arrival counters: zero, and left zero by every call (the last workgroup of a column
     # block resets its counter), so one module global serves every call of this function.
     text += f"util.global private mutable @{name}_cnt = dense<0> : {c_t}\n"

@@ -15,11 +15,13 @@ from pathlib import Path
 
 KERNELS = ("dflash_topk_partial", "dflash_topk_merge")
 GEMM_KERNELS = ("dflash_gemm_mt1", "dflash_gemm_mt2", "dflash_gemm_mt3", "dflash_gemm_mt4", "dflash_gemm_reduce")
+ATTENTION_KERNELS = ("dflash_attention",)
 
 
 def kernels_of(name: str) -> tuple[str, ...]:
-    """The entry points an object file must hold, from its name (topk_* or gemm_*)."""
-    return GEMM_KERNELS if Path(name).name.startswith("gemm_") else KERNELS
+    """The entry points an object file must hold, from its name (topk_*, gemm_* or attention_*)."""
+    stem = Path(name).name
+    return GEMM_KERNELS if stem.startswith("gemm_") else ATTENTION_KERNELS if stem.startswith("attention_") else KERNELS
 EM_AMDGPU, EM_X86_64, EM_AARCH64 = 224, 62, 183
 NT_AMDGPU_METADATA = 32
 # EF_AMDGPU_MACH (e_flags & 0xff) per chip, from LLVM's AMDGPUUsage table.

@@ -1,0 +1,144 @@
+"""MLIR for the block-attention custom dispatch: a verify block's attention over the KV cache, read in place.
+
+`attention_dispatch(S, Hkv, R, D, L, C, arch)` returns the text of a `hal.executable.source` bound to
+the committed object (attention_gpu.cu built for `arch`), a module global of arrival counters, and
+
+    util.func private @{name}(%q: tensor<S x Hkv x R x D x bf16>, %cache: tensor<S x L x 2 x C x (Hkv*D) x bf16>,
+                              %mask: tensor<S x 1 x R x ? x i1>, %layer: i32) -> tensor<S x Hkv x R x D x bf16>
+
+which is `scaled_dot_product_attention(q, k, v, mask)` with k, v the first N = dim(mask, 3) rows of
+layer `layer` of the cache (keys at [:, layer, 0], values at [:, layer, 1], head h at columns
+[h*D, (h+1)*D)) and the default scale D^-0.5 unless one is given. The algorithm and its numerics
+contract (a row's result is independent of R, of its place in the block and of N past its last
+visible key) are in attention_body.h. GPU archs only; the host CPU keeps its matmul attention.
+No IREE import here: this module only writes text.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dflash_iree.errors import DFlashError
+
+from .gemm import CUDA_ARCHS, OBJECTS_DIR, executable_source, pipeline_layout
+
+HIP_ARCHS = ("gfx1030", "gfx1100", "gfx1151", "gfx1201")  # no matrix instructions needed: gfx1030 too
+ARCHS = CUDA_ARCHS + HIP_ARCHS
+THREADS = 256  # attention_body.h AT_T
+ROWS_PER_WORKGROUP = 16  # attention_body.h AT_RW
+KEYS_PER_CHUNK = 64  # AT_KC
+MAX_ROWS = 64
+MAX_HEAD_DIM = 128  # AT_DMAX
+
+
+@dataclass(frozen=True)
+class AttentionDispatch:
+    """The spliceable block attention for one shape and arch.
+
+    mlir:    module-body text: the executable `@{name}_exe`, the global `@{name}_cnt` (arrival
+             counters, zero between calls) and the function `@{name}` (module docstring).
+    flags:   what `iree-compile` needs besides the device target (the object search path).
+    objects: the object files the text refers to.
+    """
+
+    S: int
+    Hkv: int
+    R: int
+    D: int
+    L: int
+    C: int
+    arch: str
+    name: str
+    scale: float
+    mlir: str
+    flags: list[str] = field(default_factory=list)
+    objects: list[Path] = field(default_factory=list)
+
+    @property
+    def func(self) -> str:
+        return self.name
+
+    @property
+    def row_groups(self) -> int:
+        return math.ceil(self.R / ROWS_PER_WORKGROUP)
+
+
+def object_file(arch: str) -> Path:
+    """Committed object for ARCH: PTX for sm_*, a code object for gfx*. Raises DFlashError for another arch."""
+    if arch not in ARCHS:
+        raise DFlashError(f"no block-attention kernel for arch '{arch}'; GPU archs only: {', '.join(ARCHS)}")
+    return OBJECTS_DIR / (f"attention_{arch}.ptx" if arch in CUDA_ARCHS else f"attention_{arch}.co")
+
+
+def why_unsupported(S: int, Hkv: int, R: int, D: int, L: int, C: int, arch: str) -> str | None:
+    """None when the kernel takes this shape on ARCH, else the reason it does not."""
+    if arch not in ARCHS:
+        return f"arch {arch} has no block-attention kernel"
+    if not 1 <= R <= MAX_ROWS:
+        return f"R={R} query rows is outside 1..{MAX_ROWS}"
+    if D % 8 or not 8 <= D <= MAX_HEAD_DIM:
+        return f"head_dim {D} is not a multiple of 8 up to {MAX_HEAD_DIM}"
+    if S * L * 2 * C * Hkv * D >= 2**31 or S * Hkv * R * C >= 2**31:
+        return "cache too large for 32-bit indexing of the mask and rows"
+    return None
+
+
+def attention_dispatch(S: int, Hkv: int, R: int, D: int, L: int, C: int, arch: str, *,
+                       name: str = "dflash_attention", scale: float | None = None) -> AttentionDispatch:
+    """Builds the spliceable block attention for S streams, Hkv KV heads, R query rows of head_dim D,
+    over a cache of L layers and C rows (max context), on ARCH (sm_80/86/89, gfx1030/1100/1151/1201).
+
+    scale: the softmax scale (default D ** -0.5). name: symbol prefix (every symbol starts with it).
+    Raises DFlashError for a shape or arch the kernel does not take, or a missing object.
+    """
+    why = why_unsupported(S, Hkv, R, D, L, C, arch)
+    if why:
+        raise DFlashError(f"block attention S={S} Hkv={Hkv} R={R} D={D} over L={L} x C={C} on {arch}: {why}")
+    obj = object_file(arch)
+    if not obj.is_file():
+        raise DFlashError(f"{obj} is missing: run `make kernels` to build the kernel objects")
+    scale = D ** -0.5 if scale is None else scale
+    scale_bits = struct.unpack("<i", struct.pack("<f", scale * math.log2(math.e)))[0]
+    rg = math.ceil(R / ROWS_PER_WORKGROUP)
+    q_t = f"tensor<{S}x{Hkv}x{R}x{D}xbf16>"
+    c_t = f"tensor<{S}x{L}x2x{C}x{Hkv * D}xbf16>"
+    m1, m8 = f"tensor<{S}x1x{R}x?xi1>", f"tensor<{S}x1x{R}x?xi8>"
+    n_t = f"tensor<{S * Hkv * rg}xi32>"
+    record = S * Hkv * rg * ROWS_PER_WORKGROUP * (D + 2)  # f32 scratch per key chunk
+    text = executable_source(f"{name}_exe", "dflash_attention", arch, obj.name, pipeline_layout(9, 3, 6), THREADS, 3)
+    # Arrival counters: zero, and left zero by every call (the last workgroup of a row group resets
+    # its own), so one global serves every layer; its load/store orders the calls.
+    text += f"util.global private mutable @{name}_cnt = dense<0> : {n_t}\n"
+    consts = {"R": R, "D": D, "H": Hkv, "L": L, "C": C, "scale": scale_bits}
+    text += (f"util.func private @{name}(%q: {q_t}, %cache: {c_t}, %mask: {m1}, %layer: i32) -> {q_t} {{\n"
+             + "".join(f"    %c{k} = arith.constant {v} : i32\n" for k, v in consts.items())
+             + f"    %i3 = arith.constant 3 : index\n    %kc = arith.constant {KEYS_PER_CHUNK} : index\n"
+             f"    %rec = arith.constant {record} : index\n"
+             f"    %gy = arith.constant {Hkv * rg} : index\n    %gz = arith.constant {S} : index\n"
+             f"    %n = tensor.dim %mask, %i3 : {m1}\n"
+             f"    %chunks = arith.ceildivui %n, %kc : index\n    %psize = arith.muli %chunks, %rec : index\n"
+             f"    %n32 = arith.index_cast %n : index to i32\n    %ch32 = arith.index_cast %chunks : index to i32\n"
+             f"    %m8 = arith.extui %mask : {m1} to {m8}\n"
+             f"    %cnt = util.global.load @{name}_cnt : {n_t}\n"
+             f"    %r:3 = flow.dispatch @{name}_exe::@dflash_attention[%chunks, %gy, %gz]"
+             f"(%cR, %n32, %cD, %cH, %layer, %cL, %cC, %ch32, %cscale, %q, %cache, %m8, %cnt)"
+             f" : (i32, i32, i32, i32, i32, i32, i32, i32, i32, {q_t}, {c_t}, {m8}{{%n}}, {n_t})"
+             f" -> (%cnt, {q_t}, tensor<?xf32>{{%psize}})\n"
+             f"    util.global.store %r#0, @{name}_cnt : {n_t}\n"
+             f"    util.return %r#1 : {q_t}\n}}\n")
+    return AttentionDispatch(S=S, Hkv=Hkv, R=R, D=D, L=L, C=C, arch=arch, name=name, scale=scale, mlir=text,
+                             flags=[f"--iree-hal-executable-object-search-path={OBJECTS_DIR}"], objects=[obj])
+
+
+def standalone_module(d: AttentionDispatch) -> str:
+    """A whole module around D with a public `attention(q, cache, mask, layer) -> out` (benchmarks, checks)."""
+    q_t = f"tensor<{d.S}x{d.Hkv}x{d.R}x{d.D}xbf16>"
+    c_t = f"tensor<{d.S}x{d.L}x2x{d.C}x{d.Hkv * d.D}xbf16>"
+    m1 = f"tensor<{d.S}x1x{d.R}x?xi1>"
+    return (f"module @attention_check {{\n{d.mlir}"
+            f"util.func public @attention(%q: {q_t}, %cache: {c_t}, %mask: {m1}, %layer: i32) -> {q_t} {{\n"
+            f"    %y = util.call @{d.func}(%q, %cache, %mask, %layer) : ({q_t}, {c_t}, {m1}, i32) -> {q_t}\n"
+            f"    util.return %y : {q_t}\n}}\n}}\n")

@@ -1,0 +1,320 @@
+/* Block attention over the KV cache: the one kernel body for every GPU backend.
+ *
+ * For one layer of the verify step: out = softmax(q k^T * scale, masked) v, per KV head h, for a block
+ * of R query rows (the block's B tokens times the g query heads that share h, export/qwen3.py
+ * `attend`), over the first N cache rows. q, the cache and out are bf16; every sum is f32.
+ *
+ *   q     bf16 [S, Hkv, R, D]              query rows, already rotated
+ *   cache bf16 [S, L, 2, C, Hkv * D]       the target's KV cache (export/qwen3.py `write_cache`),
+ *                                          read in place: keys of layer l at [s, l, 0, :N], values at [s, l, 1, :N]
+ *   mask  i8   [S, R, N]                   nonzero: the row attends to that key
+ *   out   bf16 [S, Hkv, R, D]
+ *
+ * Decomposition (flash decoding: Dao et al., "Flash-Decoding for long-context inference", 2023, and
+ * the online softmax of Milakov & Gimelshein, arXiv:1805.02867). Workgroup (c, h * RG + rg, s) takes
+ * rows [16 rg, 16 rg + 16) of head h and the 64 keys [64 c, 64 c + 64): it stages the rows' q and the
+ * chunk's keys and values in shared memory, computes the 16 x 64 scores, each row's chunk maximum m,
+ * p = 2^(score - m) and l = sum p, and o = p v (16 x D), and writes (o, m, l) to `part` unnormalized.
+ * It then counts itself in cnt[(s, h, rg)] (an integer atomic, as in gemm_body.h); the workgroup that
+ * arrives last merges the chunks of its 16 rows in chunk order c = 0, 1, ..., whoever arrives last:
+ * M = max m_c, L = sum l_c 2^(m_c - M), out = bf16(sum o_c 2^(m_c - M) / L), and resets its counter.
+ * One dispatch, no float atomics.
+ *
+ * Numerics contract: a row's result depends only on its q row, its mask row and the cache. Scores
+ * are summed over d in increasing order, a chunk's p v over its keys in increasing order, the chunks
+ * in increasing c; chunks sit at absolute key positions. So a query row comes out bit-identical
+ * whatever R is, wherever it sits in the block and however many more keys N takes in (masked keys
+ * and chunks add exact zeros): what `exact` mode and drafted == plain rely on. Scores are in log2
+ * units (scale * log2 e folded in), exponentials from the hardware's 2^x.
+ *
+ * Limits: D a multiple of 8 and <= AT_DMAX; R <= 64; N >= 1; 16-byte aligned rows. Shared memory: 42.5 KiB.
+ */
+#ifndef DFLASH_ATTENTION_BODY_H
+#define DFLASH_ATTENTION_BODY_H
+
+#ifndef AT_T
+#define AT_T 256  /* threads per workgroup */
+#endif
+#define AT_RW 16  /* query rows per workgroup */
+#define AT_KC 64  /* keys per chunk */
+#define AT_DMAX 128
+#define AT_W (AT_DMAX / 2)   /* 32-bit words (bf16 pairs) of a row */
+#define AT_PAD (AT_W + 1)    /* a staged key row's stride in words: the 64 keys fall in distinct banks */
+#define AT_SR (AT_RW * AT_KC / AT_T) /* scores: rows per thread (one key each) */
+#define AT_TPR (AT_T / AT_RW)        /* softmax and merge: threads per row */
+#define AT_KPT (AT_KC / AT_TPR)      /* softmax: keys per thread */
+#define AT_PR (AT_RW * AT_W / AT_T)  /* p v: rows per thread (one d pair each) */
+#define AT_EPT (AT_RW * AT_DMAX / AT_T) /* merge: output elements per thread */
+#define AT_MB 8                      /* merge: chunks whose loads are in flight together */
+#define AT_NEG_INF (-__builtin_inff())
+typedef unsigned at_u4 __attribute__((ext_vector_type(4)));
+
+KG_FN float at_lo(unsigned w) {
+  union { unsigned u; float f; } v;
+  v.u = w << 16;
+  return v.f;
+}
+KG_FN float at_hi(unsigned w) {
+  union { unsigned u; float f; } v;
+  v.u = w & 0xffff0000u;
+  return v.f;
+}
+/* A load of another workgroup's partial results that skips this unit's possibly stale L1. */
+KG_FN float at_load_f32(const float* p) {
+#if defined(__NVPTX__)
+  float v;
+  asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+  return v;
+#else
+  union { int i; float f; } v;
+  v.i = __scoped_atomic_load_n((const int*)p, __ATOMIC_RELAXED, __MEMORY_SCOPE_DEVICE);
+  return v.f;
+#endif
+}
+
+/* One workgroup. part holds, per (s, h, rg, c), 16 rows of D + 2 floats: o[0..D), m, l. */
+KG_FN void at_workgroup(const unsigned short* __restrict__ q, const unsigned short* __restrict__ cache,
+                        const signed char* __restrict__ mask, int* cnt, unsigned short* __restrict__ out,
+                        float* __restrict__ part, int R, int N, int D, int Hkv, int layer, int L, int C,
+                        int chunks, float scale_log2, int c, int hr, int s, int tid) {
+  KG_SHARED unsigned sq[AT_RW][AT_W];
+  KG_SHARED unsigned sk[AT_KC][AT_PAD];
+  KG_SHARED unsigned sv[AT_KC][AT_PAD];
+  KG_SHARED float sp[AT_RW][AT_KC];
+  KG_SHARED float red_m[AT_RW][AT_TPR], red_l[AT_RW][AT_TPR];
+  KG_SHARED float sm[AT_RW], sl[AT_RW];
+  KG_SHARED int last;
+
+  const int RG = (R + AT_RW - 1) / AT_RW;
+  const int h = hr / RG, rg = hr % RG;
+  const int r0 = rg * AT_RW, rows = R - r0 < AT_RW ? R - r0 : AT_RW;
+  const int k0 = c * AT_KC, keys = N - k0 < AT_KC ? N - k0 : AT_KC;
+  const int W = D / 2, KV = Hkv * D;
+  const long kbase = (((long)s * L + layer) * 2 * C) * KV + (long)h * D; /* element offset of key 0, head h */
+  const long vbase = kbase + (long)C * KV;
+  const unsigned* q32 = (const unsigned*)(q + (((long)s * Hkv + h) * R + r0) * D);
+
+  /* Stage q, keys and values in 16-byte loads, all issued before the first store. */
+  const int V4 = D / 8; /* 16-byte vectors per row */
+  at_u4 qv[AT_RW * AT_W / 4 / AT_T], kv[AT_KC * AT_W / 4 / AT_T], vv[AT_KC * AT_W / 4 / AT_T];
+#pragma unroll
+  for (int i = 0; i < AT_RW * AT_W / 4 / AT_T; ++i) {
+    int e = tid + AT_T * i, r = e / V4;
+    qv[i] = r < rows ? *(const at_u4*)(q32 + (long)r * W + 4 * (e % V4)) : (at_u4){0u, 0u, 0u, 0u};
+  }
+#pragma unroll
+  for (int i = 0; i < AT_KC * AT_W / 4 / AT_T; ++i) {
+    int e = tid + AT_T * i, j = e / V4;
+    long off = (long)(k0 + j) * KV + 8 * (e % V4);
+    kv[i] = j < keys ? *(const at_u4*)(cache + kbase + off) : (at_u4){0u, 0u, 0u, 0u};
+    vv[i] = j < keys ? *(const at_u4*)(cache + vbase + off) : (at_u4){0u, 0u, 0u, 0u};
+  }
+#pragma unroll
+  for (int i = 0; i < AT_RW * AT_W / 4 / AT_T; ++i) {
+    int e = tid + AT_T * i, r = e / V4, w = 4 * (e % V4);
+    if (r < AT_RW) {
+      sq[r][w] = qv[i].x;
+      sq[r][w + 1] = qv[i].y;
+      sq[r][w + 2] = qv[i].z;
+      sq[r][w + 3] = qv[i].w;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < AT_KC * AT_W / 4 / AT_T; ++i) {
+    int e = tid + AT_T * i, j = e / V4, w = 4 * (e % V4);
+    if (j < AT_KC) {
+      sk[j][w] = kv[i].x;
+      sk[j][w + 1] = kv[i].y;
+      sk[j][w + 2] = kv[i].z;
+      sk[j][w + 3] = kv[i].w;
+      sv[j][w] = vv[i].x;
+      sv[j][w + 1] = vv[i].y;
+      sv[j][w + 2] = vv[i].z;
+      sv[j][w + 3] = vv[i].w;
+    }
+  }
+  KG_BARRIER();
+
+  /* Scores: thread (g, j) takes key j for rows AT_SR g .. AT_SR g + AT_SR - 1. */
+  {
+    const int j = tid % AT_KC, half = tid / AT_KC;
+    float acc[AT_SR];
+#pragma unroll
+    for (int i = 0; i < AT_SR; ++i) acc[i] = 0.0f;
+#pragma unroll 4
+    for (int w = 0; w < W; ++w) { /* W is a multiple of 4 */
+      unsigned kw = sk[j][w];
+      float klo = at_lo(kw), khi = at_hi(kw);
+#pragma unroll
+      for (int i = 0; i < AT_SR; ++i) {
+        unsigned qw = sq[half * AT_SR + i][w];
+        acc[i] = __builtin_fmaf(at_lo(qw), klo, acc[i]);
+        acc[i] = __builtin_fmaf(at_hi(qw), khi, acc[i]);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < AT_SR; ++i) {
+      int r = half * AT_SR + i;
+      int vis = r < rows && j < keys && mask[((long)s * R + r0 + r) * N + k0 + j] != 0;
+      sp[r][j] = vis ? acc[i] * scale_log2 : AT_NEG_INF;
+    }
+  }
+  KG_BARRIER();
+
+  /* Per row: chunk maximum m, p = 2^(score - m), l = sum p. Thread (r, pt) takes AT_KPT keys. */
+  {
+    const int r = tid / AT_TPR, pt = tid % AT_TPR;
+    float m = AT_NEG_INF;
+#pragma unroll
+    for (int i = 0; i < AT_KPT; ++i) m = sp[r][pt * AT_KPT + i] > m ? sp[r][pt * AT_KPT + i] : m;
+    red_m[r][pt] = m;
+    KG_BARRIER();
+    m = red_m[r][0];
+#pragma unroll
+    for (int i = 1; i < AT_TPR; ++i) m = red_m[r][i] > m ? red_m[r][i] : m;
+    float l = 0.0f;
+#pragma unroll
+    for (int i = 0; i < AT_KPT; ++i) {
+      float x = sp[r][pt * AT_KPT + i];
+      float p = (m == AT_NEG_INF || x == AT_NEG_INF) ? 0.0f : KG_EXP2(x - m);
+      sp[r][pt * AT_KPT + i] = p;
+      l += p;
+    }
+    red_l[r][pt] = l;
+    KG_BARRIER();
+    if (pt == 0) {
+      float t = 0.0f;
+#pragma unroll
+      for (int i = 0; i < AT_TPR; ++i) t += red_l[r][i];
+      sm[r] = m;
+      sl[r] = t;
+    }
+  }
+  KG_BARRIER();
+
+  /* o = p v: thread (g, w) takes the d pair (2w, 2w + 1) for rows AT_PR g .. AT_PR g + AT_PR - 1. */
+  float* rec = part + ((((long)s * Hkv + h) * RG + rg) * chunks + c) * (long)(AT_RW * (D + 2));
+  {
+    const int w = tid % AT_W, half = tid / AT_W;
+    float o0[AT_PR], o1[AT_PR];
+#pragma unroll
+    for (int i = 0; i < AT_PR; ++i) o0[i] = o1[i] = 0.0f;
+    if (w < W) {
+#pragma unroll 8
+      for (int j = 0; j < AT_KC; ++j) { /* past `keys`, p and v are 0: exact zeros */
+        unsigned vw = sv[j][w];
+        float vlo = at_lo(vw), vhi = at_hi(vw);
+#pragma unroll
+        for (int i = 0; i < AT_PR; ++i) {
+          float p = sp[half * AT_PR + i][j];
+          o0[i] = __builtin_fmaf(p, vlo, o0[i]);
+          o1[i] = __builtin_fmaf(p, vhi, o1[i]);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < AT_PR; ++i) {
+        int r = half * AT_PR + i;
+        if (r < rows) {
+          rec[r * (D + 2) + 2 * w] = o0[i];
+          rec[r * (D + 2) + 2 * w + 1] = o1[i];
+        }
+      }
+    }
+    if (tid < rows) {
+      rec[tid * (D + 2) + D] = sm[tid];
+      rec[tid * (D + 2) + D + 1] = sl[tid];
+    }
+  }
+
+  /* The last workgroup of (s, h, rg) to arrive merges the chunks in order. */
+  KG_FENCE();
+  KG_BARRIER();
+  const long ci = ((long)s * Hkv + h) * RG + rg;
+  if (tid == 0)
+    last = __scoped_atomic_fetch_add(&cnt[ci], 1, __ATOMIC_ACQ_REL, __MEMORY_SCOPE_DEVICE) == chunks - 1;
+  KG_BARRIER();
+  if (!last) return;
+  KG_FENCE();
+  const float* recs = part + ci * chunks * (long)(AT_RW * (D + 2)); /* chunk c's record at c * stride */
+  const long stride = AT_RW * (D + 2);
+  /* Row r's M and L: thread (r, pt) takes the chunks c = pt, pt + AT_TPR, ... (in increasing c), then
+   * the AT_TPR partials are combined in pt order; a chunk past a row's last key adds an exact 0. The
+   * L pass leaves each chunk's weight 2^(m_c - M) in sp[r][c] (chunks past AT_KC recompute theirs). */
+  {
+    const int r = tid / AT_TPR, pt = tid % AT_TPR;
+    float m = AT_NEG_INF;
+    if (r < rows)
+      for (int cc = pt; cc < chunks; cc += AT_TPR) {
+        float mc = at_load_f32(recs + cc * stride + r * (D + 2) + D);
+        m = mc > m ? mc : m;
+      }
+    red_m[r][pt] = m;
+    KG_BARRIER();
+    m = red_m[r][0];
+#pragma unroll
+    for (int i = 1; i < AT_TPR; ++i) m = red_m[r][i] > m ? red_m[r][i] : m;
+    float l = 0.0f;
+    for (int cc = pt; cc < AT_KC || cc < chunks; cc += AT_TPR) {
+      float wgt = 0.0f;
+      if (r < rows && cc < chunks) {
+        float mc = at_load_f32(recs + cc * stride + r * (D + 2) + D);
+        float lc = at_load_f32(recs + cc * stride + r * (D + 2) + D + 1);
+        wgt = mc == AT_NEG_INF ? 0.0f : KG_EXP2(mc - m);
+        l += lc * wgt;
+      }
+      if (cc < AT_KC) sp[r][cc] = wgt;
+    }
+    red_l[r][pt] = l;
+    KG_BARRIER();
+    if (pt == 0) {
+      float t = 0.0f;
+#pragma unroll
+      for (int i = 0; i < AT_TPR; ++i) t += red_l[r][i];
+      sm[r] = m;
+      sl[r] = t;
+    }
+  }
+  KG_BARRIER();
+  /* Each thread keeps the elements e = tid + AT_T i of the 16 x D block (AT_EPT of them) and takes the
+   * chunks AT_MB at a time, all their loads issued before the first is used, summed in chunk order. */
+  float acc[AT_EPT];
+#pragma unroll
+  for (int i = 0; i < AT_EPT; ++i) acc[i] = 0.0f;
+  for (int cb = 0; cb < chunks; cb += AT_MB) {
+    float v[AT_MB][AT_EPT];
+#pragma unroll
+    for (int b = 0; b < AT_MB; ++b)
+#pragma unroll
+      for (int i = 0; i < AT_EPT; ++i) {
+        int e = tid + AT_T * i, r = e / D;
+        v[b][i] = r < rows && cb + b < chunks ? at_load_f32(recs + (cb + b) * stride + r * (D + 2) + e % D) : 0.0f;
+      }
+#pragma unroll
+    for (int b = 0; b < AT_MB; ++b) {
+      const int cc = cb + b;
+      if (cc >= chunks) break;
+#pragma unroll
+      for (int i = 0; i < AT_EPT; ++i) {
+        int r = (tid + AT_T * i) / D;
+        if (r >= rows) continue;
+        float wgt;
+        if (cc < AT_KC) {
+          wgt = sp[r][cc];
+        } else {
+          float mc = at_load_f32(recs + cc * stride + r * (D + 2) + D);
+          wgt = mc == AT_NEG_INF ? 0.0f : KG_EXP2(mc - sm[r]);
+        }
+        acc[i] = __builtin_fmaf(wgt, v[b][i], acc[i]);
+      }
+    }
+  }
+  unsigned short* o16 = out + (((long)s * Hkv + h) * R + r0) * D;
+#pragma unroll
+  for (int i = 0; i < AT_EPT; ++i) {
+    int e = tid + AT_T * i, r = e / D;
+    if (r < rows) o16[e] = kg_bf16(sl[r] > 0.0f ? acc[i] / sl[r] : 0.0f);
+  }
+  if (tid == 0) __scoped_atomic_store_n(&cnt[ci], 0, __ATOMIC_RELAXED, __MEMORY_SCOPE_DEVICE);
+}
+
+#endif

@@ -1,0 +1,118 @@
+"""The block-attention dispatch (kernels/attention_*): objects, MLIR, refusals, and the splice of the verify
+attention over the KV cache. The kernel runs only on a GPU: parity and speed are bench/attention_bench.py
+on the H200 (bench/results/attention_h200_kernel.json)."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from dflash_iree.errors import DFlashError
+from dflash_iree.kernels.attention import ARCHS, attention_dispatch, object_file, standalone_module
+from dflash_iree.kernels.isa import ATTENTION_KERNELS, inspect_object
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_objects_are_sound(arch):
+    """Every arch's object holds the entry point: gfx with no scratch and no spills, PTX 7.8 with no local memory."""
+    assert inspect_object(object_file(arch), arch, ATTENTION_KERNELS) == []
+
+
+@pytest.mark.parametrize("args,match", [((1, 8, 65, 128, 36, 4096, "sm_80"), "R=65"),
+                                        ((1, 8, 16, 100, 36, 4096, "sm_80"), "head_dim 100"),
+                                        ((1, 8, 16, 256, 36, 4096, "gfx1151"), "head_dim 256"),
+                                        ((1, 8, 16, 128, 36, 4096, "host"), "no block-attention kernel")])
+def test_refusals(args, match):
+    with pytest.raises(DFlashError, match=match):
+        attention_dispatch(*args)
+
+
+def test_mlir():
+    d = attention_dispatch(1, 8, 64, 128, 36, 4096, "sm_80", name="at")
+    assert d.row_groups == 4 and abs(d.scale - 128 ** -0.5) < 1e-12
+    assert "@at_exe::@dflash_attention" in d.mlir and "util.global private mutable @at_cnt = dense<0> : tensor<32xi32>" in d.mlir
+    assert "tensor<1x36x2x4096x1024xbf16>" in d.mlir and "tensor<1x1x64x?xi1>" in d.mlir
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "gfx1151", "gfx1030"])
+def test_compiles_for_gpu_targets(arch):
+    ic = pytest.importorskip("iree.compiler")
+    from dflash_iree.export.compile import compile_flags, resolve_arch
+
+    flags = [f for f in compile_flags(resolve_arch(arch)[0]) if "opt-level" not in f]
+    for S, Hkv, R, D in [(1, 8, 64, 128), (1, 8, 4, 128), (2, 2, 24, 64)]:
+        d = attention_dispatch(S, Hkv, R, D, 4, 512, arch)
+        assert len(ic.compile_str(standalone_module(d), extra_args=flags + d.flags)) > 10000
+
+
+# export/qwen3.py's attention over the cache, as a module the test exports: T tokens, g query heads per KV head.
+LAYERS, CONTEXT, HKV, HD, PAGE = 2, 128, 2, 16, 32
+
+
+def _export(tmp_path, T: int, g: int):
+    torch = pytest.importorskip("torch")
+    aot = pytest.importorskip("iree.turbine.aot")
+    from torch import nn
+
+    from dflash_iree.export.qwen3 import attend
+
+    class Layers(nn.Module):
+        def forward(self, q, cache, start, pages):
+            read_len = pages.shape[0] * PAGE
+            positions = start[:, None] + torch.arange(q.shape[2], dtype=torch.int64)
+            visible = torch.arange(read_len, dtype=torch.int64)[None, None, :] <= positions[:, :, None]
+            outs = []
+            for layer in range(LAYERS):
+                k = cache[:, layer, 0, :read_len].view(1, read_len, HKV, HD)
+                v = cache[:, layer, 1, :read_len].view(1, read_len, HKV, HD)
+                outs.append(attend(q[layer], k, v, visible))
+            return torch.stack(outs)
+
+    q = torch.zeros(LAYERS, 1, T, HKV * g, HD, dtype=torch.bfloat16)
+    cache = torch.zeros(1, LAYERS, 2, CONTEXT, HKV * HD, dtype=torch.bfloat16)
+    pages = torch.export.Dim("P", min=1, max=CONTEXT // PAGE)
+    out = aot.export(Layers(), args=(q, cache, torch.tensor([5]), torch.zeros(2, dtype=torch.int8)),
+                     dynamic_shapes={"q": None, "cache": None, "start": None, "pages": {0: pages}})
+    path = tmp_path / f"attn-t{T}.mlir"
+    out.save_mlir(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("attention")
+    return {T: _export(tmp, T, 2) for T in (1, 4)}
+
+
+@pytest.mark.parametrize("arch,T,taken", [("sm_80", 4, True), ("gfx1151", 4, True), ("host", 4, False),
+                                          ("sm_80", 1, False)])
+def test_splice_takes_the_block_attention(exported, tmp_path, arch, T, taken):
+    """Verify's attention (T * g >= ATTENTION_MIN_ROWS rows) takes the kernel, one call per layer with the
+    cache read whole; decode's (R = g) and the host's stay IREE's."""
+    ic = pytest.importorskip("iree.compiler")
+    from dflash_iree.export import splice
+    from dflash_iree.export.compile import compile_flags, resolve_arch
+
+    src = exported[T]
+    out, flags = splice.splice_file(src, tmp_path / "s.mlirbc", arch, {"attention": splice.splice_attention})
+    report = splice.last_report()
+    if not taken:
+        assert (out, flags, report) == (src, [], {})
+        return
+    text = str(splice.load(out))
+    name = f"dflash_attention_1x{HKV}x{2 * T}x{HD}_{LAYERS}x{CONTEXT}"
+    assert splice.SDPA_OP not in text and text.count(f"util.call @{name}") == LAYERS
+    assert report == {"attention": [{"S": 1, "Hkv": HKV, "R": 2 * T, "head_dim": HD, "ops": LAYERS}]}
+    extra = [f for f in compile_flags(resolve_arch(arch)[0]) if "opt-level" not in f]
+    assert len(ic.compile_file(str(out), extra_args=extra + flags)) > 10000
+
+
+def test_splice_min_rows(exported, tmp_path):
+    """min_rows lowers the floor (bench/attention_bench.py runs decode's 1-token attention through the kernel)."""
+    pytest.importorskip("iree.compiler")
+    from dflash_iree.export import splice
+
+    take = functools.partial(splice.splice_attention, min_rows=1)
+    out, _ = splice.splice_file(exported[1], tmp_path / "s.mlirbc", "sm_80", {"attention": take})
+    assert splice.last_report()["attention"][0]["R"] == 2
