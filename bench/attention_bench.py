@@ -7,8 +7,8 @@ The H200 profile of the 8B verify step (bench/results/speed_8b_h200_profile.json
 16.5 busy ms in attention: per layer a `matmul_like_16x8x4x128xD` dispatch of 0.21 ms and a softmax
 of 0.05 ms, for 16 query rows over ~540 cached rows (1 MB of K and of V), where decode's whole
 attention costs 0.05 ms a layer. Each module here runs one formulation over all 36 layers of a
-KV cache [36, 2, 1024, 1024] bf16 (argument, uploaded once), reading `pages.shape[0] * 32` rows
-as the model does, for T = 16 (verify) and T = 1 (decode) query rows:
+KV cache [1, 36, 2, 1024, 1024] bf16 (argument, uploaded once; the model's layout), reading
+`pages.shape[0] * 32` rows as the model does, for T = 16 (verify) and T = 1 (decode) query rows:
 
 - `matmul`: export/qwen3.py `attend_matmul`, `attend` as it was (and the CPU's form now): queries
   [S, Hkv, g, T, hd] against keys broadcast over the g query heads of a group, a float32 softmax
@@ -21,12 +21,19 @@ as the model does, for T = 16 (verify) and T = 1 (decode) query rows:
   `sdpa_bias` with an additive float mask;
 - `sdpa_rows4`, `sdpa_rows8`, `sdpa_rows16` (T = 16 only): `sdpa` with IREE's configuration for the
   attention op changed by a transform-dialect library to put 4, 8 or 16 query rows in a workgroup
-  instead of one (IREE 3.13 gives the CUDA attention op one row a workgroup, no tensor cores).
+  instead of one (IREE 3.13 gives the CUDA attention op one row a workgroup, no tensor cores);
+- `attend`: export/qwen3.py `attend` itself (what GPU archs export: `sdpa` with the mask's rows
+  selected), and `kernel`: the same with export/splice.py `splice_attention` applied (at T = 1 too,
+  for the comparison; `make compile` keeps IREE's op below ATTENTION_MIN_ROWS rows), which swaps
+  the op for kernels/attention.py's block attention reading the cache in place.
 
 `run` reports per module the wall ms per call (36 layers), the device busy ms and kernels per call
 (CUPTI through torch.profiler, copies left out), and the largest difference from the first
 variant's output (`max_abs_diff_vs_first`; `max_abs_diff_vs_current` in the files written before
-the rename).
+the rename). From this version on it also reports the largest difference from a float32 PyTorch
+reference on the GPU (`max_abs_diff_vs_torch_f32`) and, at T = 1 (the T = 16 block's first token),
+whether the output is bit-identical to row 0 of the T = 16 output (`row0_bits_equal_t16`): the
+row-independence `exact` mode relies on. Files before it used a [36, 2, 1024, 1024] cache.
 """
 
 from __future__ import annotations
@@ -44,7 +51,8 @@ WORK = ROOT / ".gpu" / "attention"
 LAYERS, CONTEXT, HQ, HKV, HD = 36, 1024, 32, 8, 128
 PAGE = 32
 START = 512  # committed rows before the block: the 8B speed bench's prompt
-VARIANTS = ("matmul", "grouped", "sdpa", "sdpa_gt", "sdpa_bias", "sdpa_rows4", "sdpa_rows8", "sdpa_rows16")
+VARIANTS = ("matmul", "grouped", "sdpa", "sdpa_gt", "sdpa_bias", "sdpa_rows4", "sdpa_rows8", "sdpa_rows16", "attend",
+            "kernel")
 ROWS = (16, 1)
 
 
@@ -121,11 +129,11 @@ ROW_TILES = {"sdpa_rows4": (1, 4), "sdpa_rows8": (2, 4), "sdpa_rows16": (4, 4)} 
 
 
 def _fn(variant: str):
-    from dflash_iree.export.qwen3 import attend_matmul
+    from dflash_iree.export.qwen3 import attend, attend_matmul
 
     if variant in ROW_TILES:
         return _sdpa
-    return {"matmul": attend_matmul, "grouped": _grouped, "sdpa": _sdpa,
+    return {"attend": attend, "kernel": attend, "matmul": attend_matmul, "grouped": _grouped, "sdpa": _sdpa,
             "sdpa_gt": functools.partial(_sdpa, order="gt"), "sdpa_bias": functools.partial(_sdpa, bias=True)}[variant]
 
 
@@ -143,8 +151,8 @@ def _module(variant: str):
             visible = torch.arange(read_len, dtype=torch.int64)[None, None, :] <= positions[:, :, None]
             outs = []
             for layer in range(LAYERS):
-                k = cache[layer, 0, :read_len].view(1, read_len, HKV, HD)
-                v = cache[layer, 1, :read_len].view(1, read_len, HKV, HD)
+                k = cache[:, layer, 0, :read_len].view(1, read_len, HKV, HD)
+                v = cache[:, layer, 1, :read_len].view(1, read_len, HKV, HD)
                 outs.append(fn(q[layer], k, v, visible))
             return torch.stack(outs)
 
@@ -165,7 +173,7 @@ def prepare(arch: str, variants=VARIANTS, rows=ROWS) -> None:
     for variant in variants:
         for T in rows:
             q = torch.zeros(LAYERS, 1, T, HQ, HD, dtype=torch.bfloat16)
-            cache = torch.zeros(LAYERS, 2, CONTEXT, HKV * HD, dtype=torch.bfloat16)
+            cache = torch.zeros(1, LAYERS, 2, CONTEXT, HKV * HD, dtype=torch.bfloat16)
             args = (q, cache, torch.tensor([START]), torch.zeros(18, dtype=torch.int8))
             out = aot.export(_module(variant), args=args, dynamic_shapes={"q": None, "cache": None, "start": None,
                                                                           "pages": {0: pages}})
@@ -173,6 +181,15 @@ def prepare(arch: str, variants=VARIANTS, rows=ROWS) -> None:
             out.save_mlir(mlir)
             vmfb = WORK / f"{variant}-t{T}-{a.name}.vmfb"
             extra = []
+            if variant == "kernel":
+                from dflash_iree.export.splice import splice_attention, splice_file
+
+                spliced, extra = splice_file(mlir, WORK / f"{variant}-t{T}.mlirbc", a.name,
+                                             {"attention": functools.partial(splice_attention, min_rows=1)})
+                if not extra:
+                    raise SystemExit("kernel: splice_attention found no attention over the cache")
+                mlir.unlink()
+                mlir = spliced
             if variant in ROW_TILES:
                 spec = WORK / f"{variant}.spec.mlir"
                 t_rows, rows = ROW_TILES[variant]
@@ -185,6 +202,24 @@ def prepare(arch: str, variants=VARIANTS, rows=ROWS) -> None:
             print(f"{variant} T={T}: {status}", flush=True)
 
 
+def _torch_reference(q, cache, start: int, n: int):
+    """Float32 attention on the GPU (torch) for q [LAYERS, 1, T, HQ, HD] at positions start.. over the
+    first n rows of cache [1, LAYERS, 2, C, HKV * HD]: [LAYERS, 1, T, HQ * HD] float32 (NumPy)."""
+    import numpy as np
+    import torch
+
+    T = q.shape[2]
+    qt = torch.from_numpy(np.asarray(q, np.float32)).cuda()
+    kv = torch.from_numpy(np.asarray(cache[0, :, :, :n], np.float32)).cuda()  # LAYERS, 2, n, HKV*HD
+    k = kv[:, 0].view(LAYERS, n, HKV, HD).repeat_interleave(HQ // HKV, 2).permute(0, 2, 3, 1)  # L, HQ, HD, n
+    v = kv[:, 1].view(LAYERS, n, HKV, HD).repeat_interleave(HQ // HKV, 2).permute(0, 2, 1, 3)  # L, HQ, n, HD
+    s = torch.matmul(qt[:, 0].permute(0, 2, 1, 3), k) * HD**-0.5  # L, HQ, T, n
+    visible = torch.arange(n, device="cuda")[None, :] <= (start + torch.arange(T, device="cuda"))[:, None]
+    p = torch.softmax(s.masked_fill(~visible, float("-inf")), -1)
+    out = torch.matmul(p, v).permute(0, 2, 1, 3).reshape(LAYERS, 1, T, HQ * HD)
+    return out.cpu().numpy()
+
+
 def run(out_json: str, arch: str) -> dict:
     import iree.runtime as rt
     import ml_dtypes
@@ -194,14 +229,18 @@ def run(out_json: str, arch: str) -> dict:
 
     device = rt.get_device("cuda")
     rng = np.random.default_rng(0)
-    cache = rt.asdevicearray(device, (rng.standard_normal((LAYERS, 2, CONTEXT, HKV * HD)) * 0.5).astype(ml_dtypes.bfloat16))
+    cache_h = (rng.standard_normal((1, LAYERS, 2, CONTEXT, HKV * HD)) * 0.5).astype(ml_dtypes.bfloat16)
+    cache = rt.asdevicearray(device, cache_h)
     start = np.array([START], np.int64)
     pages = np.zeros(-(-(START + 16) // PAGE), np.int8)  # as the runtime passes them for a verify at START
     result = {"device": torch.cuda.get_device_name(0), "arch": arch, "layers": LAYERS, "read_rows": len(pages) * PAGE,
               "runs": {}}
-    ref = {}
+    ref, t16 = {}, {}
+    q16 = rng.standard_normal((LAYERS, 1, 16, HQ, HD)).astype(ml_dtypes.bfloat16)
     for T in ROWS:
-        q = rt.asdevicearray(device, rng.standard_normal((LAYERS, 1, T, HQ, HD)).astype(ml_dtypes.bfloat16))
+        q_h = q16[:, :, :T]
+        q = rt.asdevicearray(device, np.ascontiguousarray(q_h))
+        exact = _torch_reference(q_h, cache_h, START, len(pages) * PAGE)
         for variant in VARIANTS:
             path = WORK / f"{variant}-t{T}-{arch}.vmfb"
             if not path.is_file():
@@ -229,7 +268,12 @@ def run(out_json: str, arch: str) -> dict:
                  "busy_ms": round(sum(e.device_time_total for e in ev) / 10 / 1e3, 4),
                  "kernels_per_call": round(sum(e.count for e in ev) / 10, 1),
                  "max_abs_diff_vs_first": float(np.abs(out - ref[T]).max()),
+                 "max_abs_diff_vs_torch_f32": float(np.abs(out - exact).max()),
                  "top": sorted(((e.key[:120], round(e.device_time_total / 10 / 1e3, 4)) for e in ev), key=lambda x: -x[1])[:4]}
+            if T == 16:
+                t16[variant] = out
+            elif variant in t16:
+                r["row0_bits_equal_t16"] = bool(np.array_equal(out[:, :, 0], t16[variant][:, :, 0]))
             result["runs"][f"{variant}/T={T}"] = r
             print(f"{variant} T={T}: {r}", flush=True)
     Path(out_json).write_text(json.dumps(result, indent=1) + "\n")
