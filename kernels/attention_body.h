@@ -72,6 +72,29 @@ KG_FN float at_load_f32(const float* p) {
 #endif
 }
 
+/* Row r's maximum of its AT_TPR threads' values m (thread (r, pt) gives one); every thread gets it. */
+KG_FN float at_row_max(float (*red)[AT_TPR], int r, int pt, float m) {
+  red[r][pt] = m;
+  KG_BARRIER();
+  m = red[r][0];
+#pragma unroll
+  for (int i = 1; i < AT_TPR; ++i) m = red[r][i] > m ? red[r][i] : m;
+  return m;
+}
+
+/* Row r's sum of its threads' values l, added in pt order, kept with the row's maximum m in sm[r], sl[r]. */
+KG_FN void at_row_keep(float (*red)[AT_TPR], float* sm, float* sl, int r, int pt, float m, float l) {
+  red[r][pt] = l;
+  KG_BARRIER();
+  if (pt == 0) {
+    float t = 0.0f;
+#pragma unroll
+    for (int i = 0; i < AT_TPR; ++i) t += red[r][i];
+    sm[r] = m;
+    sl[r] = t;
+  }
+}
+
 /* One workgroup. part holds, per (s, h, rg, c), 16 rows of D + 2 floats: o[0..D), m, l. */
 KG_FN void at_workgroup(const unsigned short* __restrict__ q, const unsigned short* __restrict__ cache,
                         const signed char* __restrict__ mask, int* cnt, unsigned short* __restrict__ out,
@@ -167,11 +190,7 @@ KG_FN void at_workgroup(const unsigned short* __restrict__ q, const unsigned sho
     float m = AT_NEG_INF;
 #pragma unroll
     for (int i = 0; i < AT_KPT; ++i) m = sp[r][pt * AT_KPT + i] > m ? sp[r][pt * AT_KPT + i] : m;
-    red_m[r][pt] = m;
-    KG_BARRIER();
-    m = red_m[r][0];
-#pragma unroll
-    for (int i = 1; i < AT_TPR; ++i) m = red_m[r][i] > m ? red_m[r][i] : m;
+    m = at_row_max(red_m, r, pt, m);
     float l = 0.0f;
 #pragma unroll
     for (int i = 0; i < AT_KPT; ++i) {
@@ -180,15 +199,7 @@ KG_FN void at_workgroup(const unsigned short* __restrict__ q, const unsigned sho
       sp[r][pt * AT_KPT + i] = p;
       l += p;
     }
-    red_l[r][pt] = l;
-    KG_BARRIER();
-    if (pt == 0) {
-      float t = 0.0f;
-#pragma unroll
-      for (int i = 0; i < AT_TPR; ++i) t += red_l[r][i];
-      sm[r] = m;
-      sl[r] = t;
-    }
+    at_row_keep(red_l, sm, sl, r, pt, m, l);
   }
   KG_BARRIER();
 
@@ -248,11 +259,7 @@ KG_FN void at_workgroup(const unsigned short* __restrict__ q, const unsigned sho
         float mc = at_load_f32(recs + cc * stride + r * (D + 2) + D);
         m = mc > m ? mc : m;
       }
-    red_m[r][pt] = m;
-    KG_BARRIER();
-    m = red_m[r][0];
-#pragma unroll
-    for (int i = 1; i < AT_TPR; ++i) m = red_m[r][i] > m ? red_m[r][i] : m;
+    m = at_row_max(red_m, r, pt, m);
     float l = 0.0f;
     for (int cc = pt; cc < AT_KC || cc < chunks; cc += AT_TPR) {
       float wgt = 0.0f;
@@ -264,15 +271,7 @@ KG_FN void at_workgroup(const unsigned short* __restrict__ q, const unsigned sho
       }
       if (cc < AT_KC) sp[r][cc] = wgt;
     }
-    red_l[r][pt] = l;
-    KG_BARRIER();
-    if (pt == 0) {
-      float t = 0.0f;
-#pragma unroll
-      for (int i = 0; i < AT_TPR; ++i) t += red_l[r][i];
-      sm[r] = m;
-      sl[r] = t;
-    }
+    at_row_keep(red_l, sm, sl, r, pt, m, l);
   }
   KG_BARRIER();
   /* Each thread keeps the elements e = tid + AT_T i of the 16 x D block (AT_EPT of them) and takes the

@@ -1,6 +1,6 @@
 /* GPU layer of the skinny GEMM: CUDA (NVPTX, mma.sync) and HIP (AMDGCN gfx11/gfx12, WMMA) from one file.
  *
- * Built by clang without any vendor header or device library, like topk_gpu.cu. Entry points follow
+ * Built by clang without any vendor header or device library (the primitives of gpu.h). Entry points follow
  * IREE's ABI for hand-authored GPU kernels (bindings in order, then the 32-bit push constants):
  *
  *   dflash_gemm_mt{1,2,3,4}(x bf16[M*K], w bf16[N*K], cnt i32[N / GM_BN], y bf16[M*N], part f32[S*M*N],
@@ -10,12 +10,14 @@
  *   dflash_gemm_reduce(part f32[S*M*N], y bf16[M*N], M*N, S)                  grid (ceil(M*N/1024), 1, 1)
  * One workgroup is GM_WARPS * 32 threads (128 on both).
  */
-#define __global__ __attribute__((global))
-#define __device__ __attribute__((device))
-#define __shared__ __attribute__((shared))
-#define GM_SHARED __shared__
-
-#define GM_FN static __device__ inline __attribute__((always_inline))
+#include "gpu.h"
+#define GM_SHARED KG_SHARED
+#define GM_FN KG_FN
+#define GM_TID() KG_TID()
+#define GM_WG_X() KG_WG_X()
+#define GM_WG_Y() KG_WG_Y()
+#define GM_BARRIER() KG_BARRIER()
+#define GM_FENCE() KG_FENCE()
 
 #if defined(__NVPTX__)
 /* ---- NVIDIA: mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (sm_80 PTX) ----
@@ -24,11 +26,6 @@
  * g and g + 8 of the m-tile at the same k. The two mma instructions of a chunk take, in this order,
  * k + 8t + {0..3} then k + 8t + {4..7} into the k slots {2t, 2t+1, 2t+8, 2t+9} of every lane t:
  * a fixed permutation of the chunk's 32 k-values, the same for A and B. */
-#define GM_TID() ((int)__nvvm_read_ptx_sreg_tid_x())
-#define GM_WG_X() ((int)__nvvm_read_ptx_sreg_ctaid_x())
-#define GM_WG_Y() ((int)__nvvm_read_ptx_sreg_ctaid_y())
-#define GM_BARRIER() __nvvm_bar_sync(0)
-#define GM_FENCE() __nvvm_membar_gl()
 /* 4 warps of one 8-column tile each, 8 chunks (4 KiB of W per warp) in flight per round, up to 4
  * workgroups per SM (<= 128 registers): the best of the variants measured on the H200 (docs/performance.md). */
 #ifndef GM_WARPS
@@ -99,16 +96,6 @@ GM_FN float gm_acc_get(const gm_acc* a, int i, int* row, int* col) {
  * addresses, one memory request); D element i of lane l is (row 2i + l/16, column l % 16).
  * gfx12: lane l holds k-values 8*(l/16) .. +7 of row/column l % 16; D element i is
  * (row 8*(l/16) + i, column l % 16). */
-#define GM_TID() ((int)__builtin_amdgcn_workitem_id_x())
-#define GM_WG_X() ((int)__builtin_amdgcn_workgroup_id_x())
-#define GM_WG_Y() ((int)__builtin_amdgcn_workgroup_id_y())
-#define GM_BARRIER()                                       \
-  do {                                                     \
-    __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup"); \
-    __builtin_amdgcn_s_barrier();                          \
-    __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup"); \
-  } while (0)
-#define GM_FENCE() __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, "agent")
 #ifndef GM_WARPS
 #define GM_WARPS 4
 #endif

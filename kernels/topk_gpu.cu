@@ -2,7 +2,7 @@
  *
  * Built by clang without any vendor header or device library (-nocudainc -nocudalib, or
  * -nogpuinc -nogpulib): the body needs no libm, and the few GPU primitives come from clang
- * builtins below. The entry points follow IREE's ABI for hand-authored GPU kernels: the bindings
+ * builtins (gpu.h). The entry points follow IREE's ABI for hand-authored GPU kernels: the bindings
  * in order, then the 32-bit push constants in order; one workgroup of DK_T threads.
  *
  *   dflash_topk_partial(logits f32[n*V], partial i32[n*C*(2K+2)], V, K, C, chunk_len, inv_t bits)
@@ -10,29 +10,11 @@
  *   dflash_topk_merge(partial, ids i32[n*K], logprobs f32[n*K], K, C, inv_t bits)
  *       grid (n, 1, 1)
  */
-#define __global__ __attribute__((global))
-#define __device__ __attribute__((device))
-#define __shared__ __attribute__((shared))
-
-#if defined(__NVPTX__)
-#define DK_TID() ((int)__nvvm_read_ptx_sreg_tid_x())
-#define DK_WG_X() ((int)__nvvm_read_ptx_sreg_ctaid_x())
-#define DK_WG_Y() ((int)__nvvm_read_ptx_sreg_ctaid_y())
-#define DK_BARRIER() __nvvm_bar_sync(0)
-#elif defined(__AMDGCN__)
-#define DK_TID() ((int)__builtin_amdgcn_workitem_id_x())
-#define DK_WG_X() ((int)__builtin_amdgcn_workgroup_id_x())
-#define DK_WG_Y() ((int)__builtin_amdgcn_workgroup_id_y())
-/* What HIP's __syncthreads does: make LDS writes visible across the workgroup, then wait. */
-#define DK_BARRIER()                                       \
-  do {                                                     \
-    __builtin_amdgcn_fence(__ATOMIC_RELEASE, "workgroup"); \
-    __builtin_amdgcn_s_barrier();                          \
-    __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "workgroup"); \
-  } while (0)
-#else
-#error "topk_gpu.cu is built for NVPTX or AMDGCN only"
-#endif
+#include "gpu.h"
+#define DK_TID() KG_TID()
+#define DK_WG_X() KG_WG_X()
+#define DK_WG_Y() KG_WG_Y()
+#define DK_BARRIER() KG_BARRIER()
 
 /* 256 threads x 8 elements: 8 KiB of logits per round, loads coalesced across threads. */
 #define DK_T 256
