@@ -431,6 +431,7 @@ def splice_attention(module, arch: str, min_rows: int = ATTENTION_MIN_ROWS) -> l
         S, Hkv, R, D = (int(x) for x in qm.groups())
         L, C = int(cm[2]), int(cm[3])
         if (int(cm[1]) != S or int(cm[4]) != Hkv * D or R < min_rows
+                or not str(mask.type).startswith("!torch.vtensor")  # no mask (None): not export/qwen3.py's
                 or builtin_type(mask.type) != f"tensor<{S}x1x{R}x?xi1>"
                 or builtin_type(op.results[0].type) != builtin_type(q.type)
                 or why_unsupported(S, Hkv, R, D, L, C, arch)):
