@@ -48,6 +48,7 @@ Needs the compile extra (iree-base-compiler's MLIR bindings), not torch.
 from __future__ import annotations
 
 import re
+import struct
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
@@ -338,14 +339,15 @@ def splice_gemm(module, arch: str, min_weight_bytes: int = GEMM_MIN_WEIGHT_BYTES
     return flags
 
 
-# Query rows below this (decode: R = the g query heads of a KV group) keep IREE's fused attention op,
-# which costs about 10 µs a layer there on the H200; at R = 16..64 it costs 137 µs at the 8B shapes
-# (bench/attention_bench.py).
+# Query rows below this (decode: R = the g query heads of a KV group) keep IREE's fused attention op:
+# at the 8B shapes on the H200 it costs 10 µs a layer at 4 rows, where the kernel costs 14 µs, and
+# 138 µs at 64 rows, where the kernel costs 26 (bench/attention_bench.py, attention_h200_kernel.json).
 ATTENTION_MIN_ROWS = 8
 SDPA_OP = "torch.aten.scaled_dot_product_attention"
 
 
 def _list_ints(value) -> list[int] | None:
+    """The ints of a `torch.prim.ListConstruct` of constant ints, else None."""
     owner = value.owner
     if getattr(owner, "name", None) != "torch.prim.ListConstruct":
         return None
@@ -356,9 +358,9 @@ def _list_ints(value) -> list[int] | None:
 
 
 def _cache_rows(kv):
-    """(cache, layer, which) when KV (a `scaled_dot_product_attention` key or value operand) is
+    """(cache, layer, which, n) when KV (a `scaled_dot_product_attention` key or value operand) is
     export/qwen3.py's `cache[:, layer, which, :n].view(S, n, Hkv, hd).permute(0, 2, 1, 3)` of a
-    [S, L, 2, C, Hkv * hd] tensor `cache`, else None."""
+    [S, L, 2, C, Hkv * hd] tensor `cache` (n: the slice's end, a value), else None."""
     def arg(value, name, i=0):
         return value.owner.operands[i] if _owner_name(value) == name else None
 
@@ -380,7 +382,8 @@ def _cache_rows(kv):
         sel_layer = sel_kv.owner.operands[0]
         if _owner_name(sel_layer) != "torch.aten.select.int" or constant_int(sel_layer.owner.operands[1]) != 1:
             return None
-        return sel_layer.owner.operands[0], constant_int(sel_layer.owner.operands[2]), constant_int(sel_kv.owner.operands[2])
+        return (sel_layer.owner.operands[0], constant_int(sel_layer.owner.operands[2]),
+                constant_int(sel_kv.owner.operands[2]), sl.operands[3])
     except DFlashError:  # an operand that is not a constant int
         return None
 
@@ -421,7 +424,8 @@ def splice_attention(module, arch: str, min_rows: int = ATTENTION_MIN_ROWS) -> l
         else:
             continue
         kr, vr = _cache_rows(k), _cache_rows(v)
-        if kr is None or vr is None or kr[0] != vr[0] or kr[1] != vr[1] or (kr[2], vr[2]) != (0, 1):
+        if (kr is None or vr is None or kr[0] != vr[0] or kr[1] != vr[1] or (kr[2], vr[2]) != (0, 1)
+                or kr[3] != vr[3]):  # the same cache, layer and row count; keys at 0, values at 1
             continue
         cache, layer = kr[0], kr[1]
         qm = re.fullmatch(r"tensor<(\d+)x(\d+)x(\d+)x(\d+)xbf16>", builtin_type(q.type))
@@ -430,13 +434,15 @@ def splice_attention(module, arch: str, min_rows: int = ATTENTION_MIN_ROWS) -> l
             continue
         S, Hkv, R, D = (int(x) for x in qm.groups())
         L, C = int(cm[2]), int(cm[3])
-        if (int(cm[1]) != S or int(cm[4]) != Hkv * D or R < min_rows
+        if (int(cm[1]) != S or int(cm[4]) != Hkv * D or R < min_rows or not 0 <= layer < L
+                or builtin_type(k.type) != f"tensor<{S}x{Hkv}x?x{D}xbf16>"  # heads split as the kernel reads them
                 or not str(mask.type).startswith("!torch.vtensor")  # no mask (None): not export/qwen3.py's
                 or builtin_type(mask.type) != f"tensor<{S}x1x{R}x?xi1>"
                 or builtin_type(op.results[0].type) != builtin_type(q.type)
                 or why_unsupported(S, Hkv, R, D, L, C, arch)):
             continue
-        name = f"dflash_attention_{S}x{Hkv}x{R}x{D}_{L}x{C}" + ("" if sc is None else f"_s{sc:.6g}".replace(".", "p"))
+        bits = "" if sc is None else f"_s{struct.unpack('<I', struct.pack('<f', sc))[0]:08x}"  # one per f32 scale
+        name = f"dflash_attention_{S}x{Hkv}x{R}x{D}_{L}x{C}{bits}"
         d = attention_dispatch(S, Hkv, R, D, L, C, arch, name=name, scale=sc)
         add_functions(module, d.mlir)
         with op.context, op.location, ir.InsertionPoint(op):

@@ -59,10 +59,12 @@ class AttentionDispatch:
 
     @property
     def func(self) -> str:
+        """The function to `util.call`."""
         return self.name
 
     @property
     def row_groups(self) -> int:
+        """Workgroups per KV head and stream along the query rows (16 rows each)."""
         return math.ceil(self.R / ROWS_PER_WORKGROUP)
 
 
@@ -81,8 +83,6 @@ def why_unsupported(S: int, Hkv: int, R: int, D: int, L: int, C: int, arch: str)
         return f"R={R} query rows is outside 1..{MAX_ROWS}"
     if D % 8 or not 8 <= D <= MAX_HEAD_DIM:
         return f"head_dim {D} is not a multiple of 8 up to {MAX_HEAD_DIM}"
-    if S * L * 2 * C * Hkv * D >= 2**31 or S * Hkv * R * C >= 2**31:
-        return "cache too large for 32-bit indexing of the mask and rows"
     return None
 
 

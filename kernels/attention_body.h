@@ -16,18 +16,22 @@
  * chunk's keys and values in shared memory, computes the 16 x 64 scores, each row's chunk maximum m,
  * p = 2^(score - m) and l = sum p, and o = p v (16 x D), and writes (o, m, l) to `part` unnormalized.
  * It then counts itself in cnt[(s, h, rg)] (an integer atomic, as in gemm_body.h); the workgroup that
- * arrives last merges the chunks of its 16 rows in chunk order c = 0, 1, ..., whoever arrives last:
- * M = max m_c, L = sum l_c 2^(m_c - M), out = bf16(sum o_c 2^(m_c - M) / L), and resets its counter.
+ * arrives last merges the chunks of its 16 rows, whoever it is: M = max m_c, L = sum l_c 2^(m_c - M)
+ * (as AT_TPR strided partial sums over c = pt, pt + AT_TPR, ..., added in pt order),
+ * out = bf16(sum o_c 2^(m_c - M) / L) summed in chunk order c = 0, 1, ...; it resets its counter.
  * One dispatch, no float atomics.
  *
  * Numerics contract: a row's result depends only on its q row, its mask row and the cache. Scores
  * are summed over d in increasing order, a chunk's p v over its keys in increasing order, the chunks
- * in increasing c; chunks sit at absolute key positions. So a query row comes out bit-identical
- * whatever R is, wherever it sits in the block and however many more keys N takes in (masked keys
- * and chunks add exact zeros): what `exact` mode and drafted == plain rely on. Scores are in log2
- * units (scale * log2 e folded in), exponentials from the hardware's 2^x.
+ * in the fixed orders above; chunks sit at absolute key positions. So a query row comes out
+ * bit-identical whatever R is, wherever it sits in the block and however many more keys N takes in
+ * (masked keys and chunks add exact zeros, given finite cache values: the cache starts as zeros):
+ * what `exact` mode and drafted == plain rely on. Scores are in log2 units (scale * log2 e folded
+ * in), exponentials from the hardware's 2^x.
  *
- * Limits: D a multiple of 8 and <= AT_DMAX; R <= 64; N >= 1; 16-byte aligned rows. Shared memory: 42.5 KiB.
+ * Limits: D a multiple of 8 and <= AT_DMAX; R <= 64; N >= 1 (N = 0 launches no workgroup and leaves
+ * out unwritten; the runtime always reads at least one page); 16-byte aligned rows. Shared memory:
+ * 43,652 bytes (42.6 KiB).
  */
 #ifndef DFLASH_ATTENTION_BODY_H
 #define DFLASH_ATTENTION_BODY_H

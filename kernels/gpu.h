@@ -1,6 +1,6 @@
 /* The GPU primitives a kernel body needs, for NVPTX (CUDA) and AMDGCN (HIP), from clang builtins only.
  *
- * Included by attention_gpu.cu, built with no vendor header or device library (-nocudainc -nocudalib,
+ * Included by the GPU layers (attention_gpu.cu, gemm_gpu.cu, topk_gpu.cu), built with no vendor header or device library (-nocudainc -nocudalib,
  * or -nogpuinc -nogpulib). IREE's ABI for hand-authored GPU kernels: the bindings in order as
  * pointers, then the 32-bit push constants in order.
  *

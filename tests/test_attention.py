@@ -116,3 +116,40 @@ def test_splice_min_rows(exported, tmp_path):
     take = functools.partial(splice.splice_attention, min_rows=1)
     out, _ = splice.splice_file(exported[1], tmp_path / "s.mlirbc", "sm_80", {"attention": take})
     assert splice.last_report()["attention"][0]["R"] == 2
+
+
+def _rewrite_sdpa(text: str, *, scale: float | None = None, causal: bool = False) -> str:
+    """The exported text with every attention given an explicit scale, or made causal."""
+    out = []
+    for i, line in enumerate(text.splitlines()):
+        if "torch.aten.scaled_dot_product_attention" in line:
+            indent = line[: len(line) - len(line.lstrip())]
+            args, types = line.split(" : ", 1)
+            ops = args.split(", ")
+            if scale is not None:
+                out.append(f"{indent}%sc{i} = torch.constant.float {scale!r}")
+                ops[6] = f"%sc{i}"
+                types = types.replace("!torch.none, !torch.bool ->", "!torch.float, !torch.bool ->")
+            if causal:
+                out.append(f"{indent}%ca{i} = torch.constant.bool true")
+                ops[5] = f"%ca{i}"
+            line = ", ".join(ops) + " : " + types
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+@pytest.mark.parametrize("scale,causal,taken", [(0.125, False, True), (None, True, False)])
+def test_splice_scale_and_causal(exported, tmp_path, scale, causal, taken):
+    """An explicit scale is passed on (one function per f32 scale, named by its bits); a causal
+    attention is left to IREE (its mask is not the kernel's)."""
+    pytest.importorskip("iree.compiler")
+    from dflash_iree.export import splice
+
+    src = tmp_path / "m.mlir"
+    src.write_text(_rewrite_sdpa(exported[4].read_text(), scale=scale, causal=causal))
+    out, flags = splice.splice_file(src, tmp_path / "s.mlirbc", "sm_80", {"attention": splice.splice_attention})
+    assert (out != src) == taken
+    if taken:
+        text = str(splice.load(out))
+        assert text.count(f"util.call @dflash_attention_1x{HKV}x8x{HD}_{LAYERS}x{CONTEXT}_s3e000000") == LAYERS
+        assert "arith.constant 1043900987 : i32" in text  # 0.125 * log2(e) as f32 bits: the scale push constant
