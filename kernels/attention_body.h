@@ -63,6 +63,14 @@ KG_FN float at_hi(unsigned w) {
   v.u = w & 0xffff0000u;
   return v.f;
 }
+/* Four words into shared memory one by one (a padded row is only 4-byte aligned). */
+KG_FN void at_put4(unsigned* p, at_u4 v) {
+  p[0] = v.x;
+  p[1] = v.y;
+  p[2] = v.z;
+  p[3] = v.w;
+}
+
 /* A load of another workgroup's partial results that skips this unit's possibly stale L1. */
 KG_FN float at_load_f32(const float* p) {
 #if defined(__NVPTX__)
@@ -139,25 +147,14 @@ KG_FN void at_workgroup(const unsigned short* __restrict__ q, const unsigned sho
 #pragma unroll
   for (int i = 0; i < AT_RW * AT_W / 4 / AT_T; ++i) {
     int e = tid + AT_T * i, r = e / V4, w = 4 * (e % V4);
-    if (r < AT_RW) {
-      sq[r][w] = qv[i].x;
-      sq[r][w + 1] = qv[i].y;
-      sq[r][w + 2] = qv[i].z;
-      sq[r][w + 3] = qv[i].w;
-    }
+    if (r < AT_RW) at_put4(&sq[r][w], qv[i]);
   }
 #pragma unroll
   for (int i = 0; i < AT_KC * AT_W / 4 / AT_T; ++i) {
     int e = tid + AT_T * i, j = e / V4, w = 4 * (e % V4);
     if (j < AT_KC) {
-      sk[j][w] = kv[i].x;
-      sk[j][w + 1] = kv[i].y;
-      sk[j][w + 2] = kv[i].z;
-      sk[j][w + 3] = kv[i].w;
-      sv[j][w] = vv[i].x;
-      sv[j][w + 1] = vv[i].y;
-      sv[j][w + 2] = vv[i].z;
-      sv[j][w + 3] = vv[i].w;
+      at_put4(&sk[j][w], kv[i]);
+      at_put4(&sv[j][w], vv[i]);
     }
   }
   KG_BARRIER();

@@ -28,7 +28,7 @@
  * lanes of a column read one contiguous segment), and given to the matrix instruction under a fixed
  * permutation of k; the x fragments are loaded with the same permutation, so the sum is unchanged.
  *
- * Each backend layer (gemm_gpu.cu) defines before including this file:
+ * Each backend layer (gemm_gpu.cu) includes gpu.h (kg_bf16) and defines before including this file:
  *   GM_FN, GM_TID(), GM_WG_X(), GM_WG_Y()  qualifiers, thread id, workgroup ids
  *   GM_WARPS, GM_CW, GM_U         warps per workgroup, column tiles per warp, chunks per round
  *   GM_TN, GM_KC                  columns per tile, k-values per chunk
@@ -51,14 +51,8 @@
 #define GM_BN (GM_WARPS * GM_CW * GM_TN)
 #define GM_LANES 32
 
-/* f32 -> bf16 bits, round to nearest even; NaN stays a (quiet) NaN. */
-GM_FN unsigned short gm_bf16(float f) {
-  union { float f; unsigned u; } v;
-  v.f = f;
-  unsigned u = v.u;
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
-  return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
+/* f32 -> bf16 bits, round to nearest even; NaN stays a (quiet) NaN: gpu.h's. */
+#define gm_bf16 kg_bf16
 
 /* One workgroup of the main dispatch (grid (ceil(N / GM_BN), S)). When S == 1, y is bf16[M*N];
  * otherwise part is f32[S*M*N] (split-major scratch) and cnt int32[ceil(N / GM_BN)] is zero on entry
