@@ -48,7 +48,6 @@ Needs the compile extra (iree-base-compiler's MLIR bindings), not torch.
 from __future__ import annotations
 
 import re
-import struct
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
@@ -270,6 +269,8 @@ GEMM_MIN_M = 2
 # (bench/demo_rounds.py, bench/results/demo_rounds_h200.json). Every Qwen3-8B weight is above it.
 GEMM_MIN_WEIGHT_BYTES = 4 << 20
 _TRANSPOSES = ("torch.aten.t", "torch.aten.transpose.int")
+
+
 def _owner_name(value) -> str | None:
     owner = value.owner
     return getattr(owner, "name", None)
@@ -376,14 +377,14 @@ def _cache_rows(kv):
         if constant_int(dim) != 1 or constant_int(step) != 1 or (
                 _owner_name(start) != "torch.constant.none" and constant_int(start) != 0):
             return None
-        sel_kv = sl.operands[0]
-        if _owner_name(sel_kv) != "torch.aten.select.int" or constant_int(sel_kv.owner.operands[1]) != 1:
-            return None
-        sel_layer = sel_kv.owner.operands[0]
-        if _owner_name(sel_layer) != "torch.aten.select.int" or constant_int(sel_layer.owner.operands[1]) != 1:
-            return None
-        return (sel_layer.owner.operands[0], constant_int(sel_layer.owner.operands[2]),
-                constant_int(sel_kv.owner.operands[2]), sl.operands[3])
+        src, picked = sl.operands[0], []
+        for _ in range(2):  # select(select(cache, 1, layer), 1, which)
+            if _owner_name(src) != "torch.aten.select.int" or constant_int(src.owner.operands[1]) != 1:
+                return None
+            picked.append(constant_int(src.owner.operands[2]))
+            src = src.owner.operands[0]
+        which, layer = picked
+        return src, layer, which, sl.operands[3]
     except DFlashError:  # an operand that is not a constant int
         return None
 
@@ -403,7 +404,7 @@ def splice_attention(module, arch: str, min_rows: int = ATTENTION_MIN_ROWS) -> l
     """
     from iree.compiler import ir
 
-    from dflash_iree.kernels.attention import ARCHS, attention_dispatch, why_unsupported
+    from dflash_iree.kernels.attention import ARCHS, attention_dispatch, f32_bits, why_unsupported
 
     if arch not in ARCHS:
         return None
@@ -441,7 +442,7 @@ def splice_attention(module, arch: str, min_rows: int = ATTENTION_MIN_ROWS) -> l
                 or builtin_type(op.results[0].type) != builtin_type(q.type)
                 or why_unsupported(S, Hkv, R, D, L, C, arch)):
             continue
-        bits = "" if sc is None else f"_s{struct.unpack('<I', struct.pack('<f', sc))[0]:08x}"  # one per f32 scale
+        bits = "" if sc is None else f"_s{f32_bits(sc):08x}"  # one function per f32 scale
         name = f"dflash_attention_{S}x{Hkv}x{R}x{D}_{L}x{C}{bits}"
         d = attention_dispatch(S, Hkv, R, D, L, C, arch, name=name, scale=sc)
         add_functions(module, d.mlir)

@@ -68,6 +68,11 @@ class AttentionDispatch:
         return math.ceil(self.R / ROWS_PER_WORKGROUP)
 
 
+def f32_bits(x: float, signed: bool = False) -> int:
+    """The bits of x rounded to float32, as an unsigned (or, for an i32 push constant, signed) int."""
+    return struct.unpack("<i" if signed else "<I", struct.pack("<f", x))[0]
+
+
 def object_file(arch: str) -> Path:
     """Committed object for ARCH: PTX for sm_*, a code object for gfx*. Raises DFlashError for another arch."""
     if arch not in ARCHS:
@@ -101,7 +106,7 @@ def attention_dispatch(S: int, Hkv: int, R: int, D: int, L: int, C: int, arch: s
     if not obj.is_file():
         raise DFlashError(f"{obj} is missing: run `make kernels` to build the kernel objects")
     scale = D ** -0.5 if scale is None else scale
-    scale_bits = struct.unpack("<i", struct.pack("<f", scale * math.log2(math.e)))[0]
+    scale_bits = f32_bits(scale * math.log2(math.e), signed=True)
     rg = math.ceil(R / ROWS_PER_WORKGROUP)
     q_t = f"tensor<{S}x{Hkv}x{R}x{D}xbf16>"
     c_t = f"tensor<{S}x{L}x2x{C}x{Hkv * D}xbf16>"
