@@ -4,6 +4,8 @@ matmul and cuBLAS, at Qwen3-8B shapes, with parity and the row-independence bit 
     python bench/gemm_bench.py prepare --out .gpu/gemm [--arch sm_80]        # here: compile the modules
     python bench/gemm_bench.py run --modules .gpu/gemm --json out.json       # there: time, check
     python bench/gemm_bench.py report --json out.json                        # the markdown table
+    python bench/gemm_bench.py prepare --groups --out .gpu/groups            # grouped dispatches (q+k+v,
+    python bench/gemm_bench.py run --groups --modules .gpu/groups --json g.json  # gate+up): parity, row bits
 
 y[M, N] = x[M, K] . W[N, K]^T, x/W/y bf16, f32 sums; (N, K) in SHAPES, M in MS. Per shape and M:
 - custom:  kernels/gemm.py's dispatch in an IREE module;
@@ -41,8 +43,12 @@ if str(ROOT) not in sys.path:
 
 SHAPES = [(4096, 4096), (1024, 4096), (12288, 4096), (4096, 12288), (151936, 4096)]
 NAMES = {(4096, 4096): "q/o proj", (1024, 4096): "k/v proj", (12288, 4096): "gate/up", (4096, 12288): "down",
-         (151936, 4096): "lm_head"}
+         (151936, 4096): "lm_head", (6144, 4096): "q+k+v (raw: as one weight)",
+         (24576, 4096): "gate+up (raw: as one weight)"}
 MS = [1, 8, 16, 64]
+# Grouped dispatches (several weights of one x, as export/splice.py groups them): q+k+v and gate+up.
+GROUPS = [((4096, 1024, 1024), 4096), ((12288, 12288), 4096)]
+GROUP_MS = [1, 8, 16]
 SET_BYTES = 384 << 20
 FLAGS = ["--iree-stream-partitioning-favor=debug"]
 PASSES = 9  # the "many" function's passes over the weights; "once" makes one
@@ -107,6 +113,27 @@ def module_text(M: int, N: int, K: int, arch: str) -> tuple[str, list[str], dict
     for arm, fn in (("custom", d.func), ("default", "iree_mm")):
         src += _runner(fn, f"{arm}_once", M, N, K, R, 1) + _runner(fn, f"{arm}_many", M, N, K, R, PASSES)
     return src, d.flags, {"splits": d.plan.splits, "col_blocks": d.plan.col_blocks, "R": R}
+
+
+def prepare_groups(out: Path, arch: str) -> None:
+    """One module per grouped shape and M: `gemm(x, w0, ..) -> (y0, ..)` (kernels/gemm.py
+    standalone_module), listed in out/groups.json."""
+    import iree.compiler as ic
+
+    from dflash_iree.kernels.gemm import gemm_dispatch, standalone_module
+    from dflash_iree.kernels.topk import device_flags
+
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"arch": arch, "groups": []}
+    for Ns, K in GROUPS:
+        for M in GROUP_MS:
+            d = gemm_dispatch(M, Ns, K, arch, name="dg")
+            name = f"grp_{M}x{'_'.join(map(str, Ns))}x{K}.vmfb"
+            ic.compile_str(standalone_module(d), output_file=str(out / name), extra_args=device_flags(arch) + d.flags)
+            meta["groups"].append({"file": name, "M": M, "Ns": list(Ns), "K": K, "splits": d.plan.splits,
+                                   "grid_x": d.plan.grid_x, "col_blocks": d.plan.col_blocks})
+            print(f"{name}: plan splits {d.plan.splits}, grid_x {d.plan.grid_x} of {d.plan.col_blocks} blocks", flush=True)
+    (out / "groups.json").write_text(json.dumps(meta, indent=1))
 
 
 def prepare(out: Path, arch: str) -> None:
@@ -206,12 +233,12 @@ def copy_bandwidth() -> dict:
 class Raw:
     """Kernel objects (PTX) launched directly through CuPy on torch's current stream (for variants)."""
 
-    def __init__(self, ptx: Path, threads: int, bn: int, rnd: int):
+    def __init__(self, ptx: Path, threads: int, bn: int, rnd: int, rows: int = 16):
         import cupy
 
         self.cupy = cupy
         self.mod = cupy.RawModule(path=str(ptx))
-        self.threads, self.bn, self.rnd = threads, bn, rnd
+        self.threads, self.bn, self.rnd, self.rows = threads, bn, rnd, rows
 
     def plan_splits(self, N, K, splits=None):
         rounds = K // self.rnd
@@ -226,23 +253,27 @@ class Raw:
         c = [s for s in range(1, rounds + 1) if rounds % s == 0 and 132 <= cb * s <= 1100][:4]
         return c or [1]
 
-    def launcher(self, x, w, M, N, K, splits):
+    def regs(self, M):
+        """Registers per thread of the entry point for M rows, as the driver compiled it."""
+        return self.mod.get_function(f"dflash_gemm_mt{math.ceil(M / self.rows)}").num_regs
+
+    def launcher(self, x, w, M, N, K, splits, passes=1):
         import numpy as np
         import torch
 
         cb, S = self.plan_splits(N, K, splits)
-        mt = math.ceil(M / 16)
-        f = self.mod.get_function(f"dflash_gemm_mt{mt}")
+        f = self.mod.get_function(f"dflash_gemm_mt{math.ceil(M / self.rows)}")
         y = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
         part = torch.empty(S * M * N if S > 1 else 1, dtype=torch.float32, device="cuda")
         cnt = torch.zeros(cb, dtype=torch.int32, device="cuda")
         i32, u64 = np.int32, np.uint64
+        gx = math.ceil(cb / passes)  # workgroups along the column blocks (each takes `passes` in turn)
 
         def go(wt=w):
             st = self.cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
-            f((cb, S, 1), (self.threads, 1, 1), (u64(x.data_ptr()), u64(wt.data_ptr()), u64(cnt.data_ptr()),
-                                                 u64(y.data_ptr()), u64(part.data_ptr()), i32(M), i32(N), i32(K),
-                                                 i32(K // S), i32(S)), stream=st)
+            f((gx, S, 1), (self.threads, 1, 1), (u64(x.data_ptr()), u64(wt.data_ptr()), u64(cnt.data_ptr()),
+                                                 u64(y.data_ptr()), u64(part.data_ptr()), i32(M), i32(K),
+                                                 i32(K // S), i32(S), i32(gx), i32(N)), stream=st)
             return y
 
         return go, S
@@ -267,7 +298,7 @@ def run(modules: Path | None, ptx_dir: Path | None, out_json: Path | None, shape
     raws = {}
     if ptx_dir:
         for v in json.loads((ptx_dir / "variants.json").read_text()):
-            raws[v["name"]] = (Raw(ptx_dir / v["file"], v["threads"], v["bn"], v["round"]), v)
+            raws[v["name"]] = (Raw(ptx_dir / v["file"], v["threads"], v["bn"], v["round"], v.get("rows", 16)), v)
     gen = torch.Generator(device="cuda").manual_seed(0)
     for N, K in shapes or SHAPES:
         R = reps(N, K)
@@ -296,16 +327,17 @@ def run(modules: Path | None, ptx_dir: Path | None, out_json: Path | None, shape
             for vname, (raw, v) in raws.items():
                 if M not in v.get("ms", MS):
                     continue
-                for splits in (v["splits"][f"{N}x{K}"] if "splits" in v else raw.split_candidates(N, K)):
-                    go, S = raw.launcher(x, ws[0], M, N, K, splits)
+                for splits, passes in [(s, p) for s in (v["splits"][f"{N}x{K}"] if "splits" in v
+                                                         else raw.split_candidates(N, K)) for p in v.get("passes", [1])]:
+                    go, S = raw.launcher(x, ws[0], M, N, K, splits, passes)
                     y = go()
                     torch.cuda.synchronize()
                     pr = parity(y, ref, scale)
                     t = _time_graph(lambda: [go(w) for w in ws], R)
-                    rr = {"variant": vname, "N": N, "K": K, "M": M, "splits": S, "us": t * 1e6,
-                          "frac": wbytes / t / 1e12 / bw, **pr}
+                    rr = {"variant": vname, "N": N, "K": K, "M": M, "splits": S, "passes": passes, "us": t * 1e6,
+                          "frac": wbytes / t / 1e12 / bw, "regs": raw.regs(M), **pr}
                     rec["raw"].append(rr)
-                    print(f"raw {vname:10s} {M:3d}x{N}x{K} S={S:3d} {t * 1e6:9.2f} us {rr['frac']:.2f} of copy, "
+                    print(f"raw {vname:10s} {M:3d}x{N}x{K} S={S:3d} P={passes} {t * 1e6:9.2f} us {rr['frac']:.2f} of copy, regs {rr['regs']}, "
                           f"ulp max {rr['max_ulp']} (>1: {rr['over1']}, bad {rr['bad']})", flush=True)
             if meta:
                 info = meta["modules"][f"{M}x{N}x{K}"]
@@ -369,6 +401,61 @@ def run(modules: Path | None, ptx_dir: Path | None, out_json: Path | None, shape
     return rec
 
 
+def run_groups(modules: Path, out_json: Path | None) -> dict:
+    """The grouped modules of `prepare --groups` on the GPU: each y_g against float32 sums rounded to
+    bf16 (`parity`), and one probe row of x placed at rows 0 (M=1), 5 (M=8) and 5, 11 (M=16) giving
+    bit-identical outputs for every weight, as the numerics contract requires (gemm_body.h)."""
+    import iree.runtime as rt
+    import ml_dtypes
+    import numpy as np
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    meta = json.loads((modules / "groups.json").read_text())
+    config = rt.Config("cuda")
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    rec = {"arch": meta["arch"], "groups": []}
+
+    def dev(t):
+        return rt.asdevicearray(config.device, t.cpu().view(torch.int16).numpy().view(ml_dtypes.bfloat16))
+
+    bits: dict[tuple, list] = {}
+    for g in meta["groups"]:
+        Ns, K, M = tuple(g["Ns"]), g["K"], g["M"]
+        gen.manual_seed(2)  # the same weights and probe row for every M of a group
+        ws = [torch.randn(n, K, generator=gen, device="cuda").to(torch.bfloat16) for n in Ns]
+        probe = torch.randn(K, generator=gen, device="cuda").to(torch.bfloat16)
+        x = torch.randn(M, K, generator=gen, device="cuda").to(torch.bfloat16)
+        pos = [0] if M == 1 else [5] if M <= 8 else [5, 11]
+        for p in pos:
+            x[p] = probe
+        ctx = rt.SystemContext(config=config)
+        ctx.add_vm_module(rt.VmModule.mmap(config.vm_instance, str(modules / g["file"])))
+        ys = ctx.modules.gemm_check.gemm(dev(x), *[dev(w) for w in ws])
+        ys = ys if isinstance(ys, (list, tuple)) else [ys]
+        row = {**{k: g[k] for k in ("M", "Ns", "K", "splits", "grid_x")}, "weights": []}
+        for i, (w, y) in enumerate(zip(ws, ys)):
+            yt = torch.from_numpy(np.asarray(y.to_host()).view(np.int16).copy()).view(torch.bfloat16).cuda()
+            ref = (x.float() @ w.float().t()).to(torch.bfloat16)
+            row["weights"].append({"N": Ns[i], **parity(yt, ref, x.float().abs() @ w.float().abs().t())})
+            for p in pos:
+                bits.setdefault((Ns, K, i), []).append(yt[p].cpu().view(torch.int16).numpy().tobytes())
+        rec["groups"].append(row)
+        print(f"group {M:2d}x{Ns}x{K} S={g['splits']} GX={g['grid_x']}: " + ", ".join(
+            f"N={w['N']} max ulp {w['max_ulp']} bad {w['bad']}" for w in row["weights"]), flush=True)
+        del ctx
+    rec["row_check"] = [{"Ns": list(Ns), "K": K, "weight": i, "placements": len(b), "identical": len(set(b)) == 1}
+                        for (Ns, K, i), b in bits.items()]
+    rec["all_pass"] = (all(w["bad"] == 0 for r in rec["groups"] for w in r["weights"])
+                       and all(r["identical"] for r in rec["row_check"]))
+    print(f"grouped dispatches: {'all pass' if rec['all_pass'] else 'FAIL'} "
+          f"(parity and row bits over {sum(r['placements'] for r in rec['row_check'])} placements)", flush=True)
+    if out_json:
+        out_json.parent.mkdir(parents=True, exist_ok=True)
+        out_json.write_text(json.dumps(rec, indent=1) + "\n")
+    return rec
+
+
 def summary(rec: dict) -> dict:
     """verify(16)/decode(1) time ratios per shape and over one 8B layer + lm_head (weights as in Qwen3-8B)."""
     rows = {(r["N"], r["K"], r["M"]): r for r in rec["rows"]}
@@ -408,9 +495,12 @@ def main(argv=None) -> int:
     p.add_argument("--json", type=Path)
     p.add_argument("--shapes", help="NxK,NxK,... (default: all)")
     p.add_argument("--ms", help="M,M,... (default: 1,8,16,64)")
+    p.add_argument("--groups", action="store_true", help="the grouped dispatches (GROUPS): prepare them, or check them")
     a = p.parse_args(argv)
     if a.step == "prepare":
-        prepare(a.modules, a.arch)
+        (prepare_groups if a.groups else prepare)(a.modules, a.arch)
+    elif a.step == "run" and a.groups:
+        run_groups(a.modules, a.json)
     elif a.step == "run":
         shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")] if a.shapes else None
         ms = [int(m) for m in a.ms.split(",")] if a.ms else None

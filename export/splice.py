@@ -32,7 +32,9 @@ The splices:
 - `splice_gemm` (CUDA and gfx11/12 archs): `torch.aten.mm(x [M, K] bf16, transpose(W))` with W a
   module global (a weight parameter, [N, K] bf16, of at least GEMM_MIN_WEIGHT_BYTES) and a static
   2 <= M <= 64 -> the skinny-GEMM dispatch of kernels/gemm.py, `gemm_dispatch(M, N, K, arch)`, one
-  per shape, named `dflash_gemm_{M}x{N}x{K}`, reading W in place (the transpose goes).
+  per shape, named `dflash_gemm_{M}x{N}x{K}`, reading W in place (the transpose goes). The mms of
+  one x (views of one value: a layer's q, k and v; gate and up) become one grouped dispatch,
+  `gemm_dispatch(M, (N0, N1[, N2]), K, arch)`, named `dflash_gemm_{M}x{N0}_{N1}[_{N2}]x{K}`.
 
 - `splice_attention` (CUDA and gfx archs): `torch.aten.scaled_dot_product_attention` of a verify
   block (bf16 q [S, Hkv, R, hd], ATTENTION_MIN_ROWS <= R <= 64) whose keys and values are one layer's
@@ -262,6 +264,9 @@ def splice_topk(module, arch: str) -> list[str] | None:
 # M = 1 (decode) keeps IREE's own matvec: in IREE on the H200 it ran the 8B layer at 0.63 of the copy
 # bandwidth against 0.51 for the custom dispatch (bench/results/gemm_h200.json). The exact mode decodes
 # plainly through the verify graph (M = block), which does take the dispatch, so drafted == plain holds.
+# Grouping at M = 1 too was measured and is not done: 8B decode ran 36 fewer dispatches but 0.5 ms
+# more kernel time (the grouped gate+up 60 us against IREE's 2 x 25, which also fuses the SiLU
+# product into the up matvec) and was no faster (bench/results/speed_8b_h200_groups_ab.json).
 GEMM_MIN_M = 2
 # Below this a weight's bytes take under a microsecond at the H200's bandwidth, less than the few µs
 # a custom dispatch costs in IREE, and IREE's own matmul fuses with its neighbours: on the demo pair
@@ -295,28 +300,63 @@ def _weight_of(rhs):
     return w if _owner_name(w) == "util.global.load" else None
 
 
-def splice_gemm(module, arch: str, min_weight_bytes: int = GEMM_MIN_WEIGHT_BYTES) -> list[str] | None:
-    """Replace each `torch.aten.mm(x, transpose(W))` of a bf16 weight global W with the skinny GEMM.
+def _rows_of(x):
+    """The value whose rows X is: the source of the `torch.aten.view` that made X (the export views
+    the [1, M, K] hidden states as [M, K] once per projection), else X itself."""
+    return x.owner.operands[0] if _owner_name(x) == "torch.aten.view" else x
 
-    Taken: x [M, K] bf16 with a static GEMM_MIN_M <= M <= 64, W a `util.global.load` of [N, K] bf16
-    of at least `min_weight_bytes` bytes, the result [M, N] bf16, and a shape the kernel takes on
-    ARCH (kernels/gemm.py `why_unsupported`); every other mm is left to IREE. Archs: CUDA (sm_*)
-    and gfx1100/1151/1201; others return None.
-    Each (M, N, K) gets one function `dflash_gemm_{M}x{N}x{K}` (its executable and counter global).
-    Records (M, N, K, count) per shape in `last_report()["gemm"]`. Returns the flags (the object
-    search path), or None when nothing was replaced.
+
+def _immutable_globals(module) -> set[str]:
+    return {str(op.attributes["sym_name"]).strip('"') for op in module.body.operations
+            if op.name == "util.global" and "is_mutable" not in op.attributes}
+
+
+def _replace_group(ops, callee: str, x, weights, result_types):
+    """Replace the mms OPS (in block order; all of the same rows X) with one `util.call @callee(x,
+    weights...)` placed before the first, whose results take the mms' uses in order. Each weight is
+    loaded again before the call (a later mm's load may stand after the first mm; the loads are of
+    immutable globals, which IREE dedupes)."""
+    from iree.compiler import ir
+    from iree.compiler.dialects import util
+
+    first = ops[0].operation
+    with first.context, first.location, ir.InsertionPoint(first):
+        loads = [ir.Operation.create("util.global.load", results=[w.type],
+                                     attributes={"global": w.owner.attributes["global"]}).result for w in weights]
+        xb = ir.Operation.create("torch_c.to_builtin_tensor", results=[ir.Type.parse(builtin_type(x.type))],
+                                 operands=[x]).result
+        call = util.CallOp([ir.Type.parse(t) for t in result_types], callee, [xb, *loads])
+        for op, new in zip(ops, call.results):
+            old = op.operation.results[0]
+            back = ir.Operation.create("torch_c.from_builtin_tensor", results=[old.type], operands=[new]).result
+            old.replace_all_uses_with(back)
+    for op in ops:
+        op.operation.erase()
+
+
+def splice_gemm(module, arch: str, min_weight_bytes: int = GEMM_MIN_WEIGHT_BYTES) -> list[str] | None:
+    """Replace the `torch.aten.mm(x, transpose(W))`s of bf16 weight globals W with the skinny GEMM,
+    the mms of one x together (up to 3: a layer's q, k and v projections; gate and up) in one dispatch.
+
+    Taken: x [M, K] bf16 with a static GEMM_MIN_M <= M <= 64, W a `util.global.load` of an immutable
+    [N, K] bf16 global of at least `min_weight_bytes` bytes, the result [M, N] bf16, and a shape the
+    kernel takes on ARCH (kernels/gemm.py `why_unsupported`); every other mm is left to IREE. Mms
+    whose x are views of the same value with the same type form a group, cut into runs of at most 3
+    in module order; the run's call stands where its first mm stood. Archs: CUDA (sm_*) and
+    gfx1100/1151/1201; others return None. Each (M, Ns, K) gets one function
+    `dflash_gemm_{M}x{N0}[_{N1}[_{N2}]]x{K}` (its executable and counter global). Records (M, N or Ns, K, count, splits) per shape in `last_report()["gemm"]`. Returns the
+    flags (the object search path), or None when nothing was replaced.
     """
-    from dflash_iree.kernels.gemm import ARCHS, gemm_dispatch, why_unsupported
+    from dflash_iree.kernels.gemm import ARCHS, MAX_WEIGHTS, gemm_dispatch, why_unsupported
 
     if arch not in ARCHS:
         return None
-    flags: list[str] = []
-    counts: dict[tuple[int, int, int], int] = {}
-    splits: dict[tuple[int, int, int], int] = {}
+    immutable = _immutable_globals(module)
+    groups: dict[tuple, list] = {}  # (rows value, x type) -> [(op, w, N)], first-seen order
     for op in find_ops(module, "torch.aten.mm"):
         x, rhs = op.operands
         w = _weight_of(rhs)
-        if w is None:
+        if w is None or str(w.owner.attributes["global"]).lstrip("@") not in immutable:
             continue
         xt, wt, yt = builtin_type(x.type), str(w.type), builtin_type(op.results[0].type)
         m = re.fullmatch(r"tensor<(\d+)x(\d+)xbf16>", xt)
@@ -326,17 +366,28 @@ def splice_gemm(module, arch: str, min_weight_bytes: int = GEMM_MIN_WEIGHT_BYTES
         M, K, N = int(m[1]), int(m[2]), int(n[1])
         if M < GEMM_MIN_M or 2 * N * K < min_weight_bytes or yt != f"tensor<{M}x{N}xbf16>" or why_unsupported(M, N, K, arch):
             continue
-        name = f"dflash_gemm_{M}x{N}x{K}"
-        d = gemm_dispatch(M, N, K, arch, name=name)
-        add_functions(module, d.mlir)
-        replace_with_call(op, name, [x, w], [yt])
-        counts[(M, N, K)] = counts.get((M, N, K), 0) + 1
-        splits[(M, N, K)] = d.plan.splits
-        flags += [f for f in d.flags if f not in flags]
-    if not counts:
+        groups.setdefault((_rows_of(x), xt), []).append((op, w, N))
+    if not groups:
         return None
-    _REPORT["gemm"] = [{"M": M, "N": N, "K": K, "ops": c, "splits": splits[(M, N, K)]}
-                       for (M, N, K), c in sorted(counts.items())]
+    flags: list[str] = []
+    counts: dict[tuple, int] = {}
+    splits: dict[tuple, int] = {}
+    for members in groups.values():
+        for i in range(0, len(members), MAX_WEIGHTS):
+            run = members[i:i + MAX_WEIGHTS]
+            ops, ws, Ns = [r[0] for r in run], [r[1] for r in run], tuple(r[2] for r in run)
+            x = ops[0].operands[0]
+            M, K = static_shape(x.type)
+            name = f"dflash_gemm_{M}x{'_'.join(map(str, Ns))}x{K}"
+            d = gemm_dispatch(M, Ns, K, arch, name=name)
+            add_functions(module, d.mlir)
+            _replace_group(ops, name, x, ws, [f"tensor<{M}x{n}xbf16>" for n in Ns])
+            key = (M, Ns, K)
+            counts[key] = counts.get(key, 0) + 1
+            splits[key] = d.plan.splits
+            flags += [f for f in d.flags if f not in flags]
+    _REPORT["gemm"] = [{"M": M, "N": Ns[0] if len(Ns) == 1 else list(Ns), "K": K, "ops": c, "splits": splits[(M, Ns, K)]}
+                       for (M, Ns, K), c in sorted(counts.items())]
     return flags
 
 

@@ -24,14 +24,22 @@ CUDA_ARCHS = ("sm_80", "sm_86", "sm_89")
 HIP_ARCHS = ("gfx1100", "gfx1151", "gfx1201")
 ARCHS = CUDA_ARCHS + HIP_ARCHS
 MAX_M = 64
+MAX_WEIGHTS = 3  # weights of one x in one dispatch (q, k, v)
 
 # Per backend, as compiled into the objects (gemm_gpu.cu): threads per workgroup, columns per
 # workgroup (GM_WARPS * GM_CW * GM_TN) and k-values per chunk (GM_KC): a split's k range is a
 # whole number of chunks (the kernel loads GM_U chunks at a time, then the rest one by one).
 # per_unit: workgroups per multiprocessor we aim for (the fewest splits that reach it): on the H200
 # the best split of the 8B shapes gave 2.9-3.9 workgroups of 128 threads per SM (bench/gemm_bench.py).
-_CUDA = {"threads": 128, "bn": 32, "chunk": 32, "per_unit": 2.9}
-_HIP = {"threads": 128, "bn": 128, "chunk": 16, "per_unit": 2}
+# resident: workgroups a multiprocessor holds at once (CUDA: the 1- and 2-m-tile entry points are
+# built for 4 of 128 threads per SM, gemm_gpu.cu GM_MINB). When one pass over the column blocks
+# would leave a partial second (to fourth) wave of workgroups, fewer workgroups take the blocks in
+# turn: on the H200 the fused gate+up (768 blocks, M = 16) ran 69.0 us in 768 workgroups and 63.0 us
+# in 384 that take two blocks each (bench/results/gemm_h200_variants.json). gfx builds one block per
+# workgroup (resident 0: never loop; gemm_gpu.cu GM_BLOCK_LOOP).
+_CUDA = {"threads": 128, "bn": 32, "chunk": 32, "per_unit": 2.9, "resident": 4}
+_HIP = {"threads": 128, "bn": 128, "chunk": 16, "per_unit": 2, "resident": 0}
+_MAX_PASSES = 4
 _MIN_CHUNKS = 8
 # Multiprocessors (sm_80 is what H100/H200 run here: 132 SMs; sm_86 84; sm_89 128; gfx1100 96 CUs,
 # gfx1151 40, gfx1201 64).
@@ -40,18 +48,30 @@ _UNITS = {"sm_80": 132, "sm_86": 84, "sm_89": 128, "gfx1100": 96, "gfx1151": 40,
 
 @dataclass(frozen=True)
 class GemmPlan:
-    """How (N, K) is cut on one arch: grid (col_blocks, splits); KR = K / splits k-values per split."""
+    """How the weights [N_g, K] of one dispatch are cut on one arch: grid (col_blocks, splits), where
+    each weight takes ceil(N_g / block_n) column blocks after the previous weight's; KR = K / splits
+    k-values per split."""
 
-    N: int
+    Ns: tuple[int, ...]
     K: int
     arch: str
     block_n: int
     splits: int
     threads: int
+    grid_x: int  # workgroups along the column blocks: col_blocks, or fewer that take them in turn
+
+    @property
+    def N(self) -> int:
+        return sum(self.Ns)
 
     @property
     def col_blocks(self) -> int:
-        return math.ceil(self.N / self.block_n)
+        return sum(math.ceil(n / self.block_n) for n in self.Ns)
+
+    @property
+    def passes(self) -> int:
+        """Column blocks a workgroup takes in turn (at most)."""
+        return math.ceil(self.col_blocks / self.grid_x)
 
     @property
     def kr(self) -> int:
@@ -60,17 +80,19 @@ class GemmPlan:
 
 @dataclass(frozen=True)
 class GemmDispatch:
-    """The spliceable skinny GEMM for one (M, N, K, arch).
+    """The spliceable skinny GEMM for one (M, Ns, K, arch): y_g = x . W_g^T for 1..3 weights W_g
+    [N_g, K] of one x, in one dispatch.
 
     mlir:    module-body text: the executable `@{name}_mm`, the global `@{name}_cnt` (split-K arrival
-             counters, zero between calls) and
-             `util.func private @{name}(tensor<MxKxbf16>, tensor<NxKxbf16>) -> tensor<MxNxbf16>`.
+             counters, zero between calls) and the function: with one weight
+             `util.func private @{name}(tensor<MxKxbf16>, tensor<NxKxbf16>) -> tensor<MxNxbf16>`, with
+             G weights `@{name}(x, w0, .., w{G-1}) -> (y0, .., y{G-1})`.
     flags:   what `iree-compile` needs besides the device target (the object search path).
     objects: the object files the text refers to.
     """
 
     M: int
-    N: int
+    Ns: tuple[int, ...]
     K: int
     arch: str
     name: str
@@ -78,6 +100,10 @@ class GemmDispatch:
     mlir: str
     flags: list[str] = field(default_factory=list)
     objects: list[Path] = field(default_factory=list)
+
+    @property
+    def N(self) -> int:
+        return sum(self.Ns)
 
     @property
     def func(self) -> str:
@@ -119,13 +145,24 @@ def why_unsupported(M: int, N: int, K: int, arch: str) -> str | None:
     return None
 
 
-def gemm_plan(N: int, K: int, arch: str, splits: int | None = None) -> GemmPlan:
-    """The plan for (N, K) on ARCH: the fewest k splits (dividing K into whole chunks) that give at least
-    `per_unit` workgroups per multiprocessor, with at least 8 chunks per split (else the most splits
-    that keep 8 chunks). SPLITS overrides (benchmarks only)."""
+def _weights(N) -> tuple[int, ...]:
+    Ns = (N,) if isinstance(N, int) else tuple(N)
+    if not 1 <= len(Ns) <= MAX_WEIGHTS:
+        raise DFlashError(f"a skinny-GEMM dispatch takes 1..{MAX_WEIGHTS} weights, got {len(Ns)}")
+    return Ns
+
+
+def gemm_plan(N, K: int, arch: str, splits: int | None = None) -> GemmPlan:
+    """The plan for weights of N rows (an int, or a tuple of 1..3 for one grouped dispatch) and K
+    columns on ARCH: the fewest k splits (dividing K into whole chunks) that give at least `per_unit`
+    workgroups per multiprocessor over all the weights' column blocks, with at least 8 chunks per
+    split (else the most splits that keep 8 chunks); then, where blocks x splits would run 2 to
+    _MAX_PASSES waves of resident workgroups, as many passes' fewer workgroups. SPLITS overrides
+    (benchmarks only)."""
     b = _backend(arch)
+    Ns = _weights(N)
     rounds = K // b["chunk"]
-    col_blocks = math.ceil(N / b["bn"])
+    col_blocks = sum(math.ceil(n / b["bn"]) for n in Ns)
     if splits is None:
         target = b["per_unit"] * _UNITS[arch]
         most = max(1, rounds // _MIN_CHUNKS)  # a split keeps at least _MIN_CHUNKS chunks
@@ -133,7 +170,12 @@ def gemm_plan(N: int, K: int, arch: str, splits: int | None = None) -> GemmPlan:
         splits = next((s for s in cands if col_blocks * s >= target), cands[-1])
     if splits < 1 or rounds % splits:
         raise DFlashError(f"{splits} splits do not cut K={K} into whole chunks of {b['chunk']}")
-    return GemmPlan(N=N, K=K, arch=arch, block_n=b["bn"], splits=splits, threads=b["threads"])
+    grid_x = col_blocks
+    if b["resident"]:
+        passes = math.ceil(col_blocks * splits / (b["resident"] * _UNITS[arch]))
+        if 1 < passes <= _MAX_PASSES:
+            grid_x = math.ceil(col_blocks / passes)
+    return GemmPlan(Ns=Ns, K=K, arch=arch, block_n=b["bn"], splits=splits, threads=b["threads"], grid_x=grid_x)
 
 
 def executable_target(arch: str) -> str:
@@ -163,48 +205,65 @@ def executable_source(sym: str, entry: str, arch: str, obj: str, layout: str, th
             f" <workgroup_size = [{threads} : index, 1 : index, 1 : index]>\n}}\n")
 
 
-def gemm_dispatch(M: int, N: int, K: int, arch: str, *, name: str = "dflash_gemm",
+def gemm_dispatch(M: int, N, K: int, arch: str, *, name: str = "dflash_gemm",
                   splits: int | None = None) -> GemmDispatch:
-    """Builds the spliceable skinny GEMM y[M, N] = x[M, K] . W[N, K]^T on ARCH.
+    """Builds the spliceable skinny GEMM y[M, N] = x[M, K] . W[N, K]^T on ARCH, or with N a tuple of
+    1..3 row counts, y_g = x . W_g^T for several weights of one x in one dispatch (the q, k and v
+    projections of a layer; gate and up).
 
-    M (1..64), N (multiple of 16), K (multiple of 32 on CUDA, 16 on gfx): static shapes; x, W and y
-    are bf16, the sums f32 (one rounding to bf16 at the end). arch: sm_80/86/89 or
+    M (1..64), each N (multiple of 16), K (multiple of 32 on CUDA, 16 on gfx): static shapes; x, W
+    and y are bf16, the sums f32 (one rounding to bf16 at the end). arch: sm_80/86/89 or
     gfx1100/1151/1201. name: symbol prefix (every symbol starts with it). splits: override the plan's
     k splits (benchmarks; the numerics then differ from the default plan's). Raises DFlashError for
     a shape or arch the kernel does not take, or a missing object.
     """
-    why = why_unsupported(M, N, K, arch)
-    if why:
-        raise DFlashError(f"skinny GEMM [{M}x{K}] x [{N}x{K}]^T on {arch}: {why}")
+    Ns = _weights(N)
+    for n in Ns:
+        why = why_unsupported(M, n, K, arch)
+        if why:
+            raise DFlashError(f"skinny GEMM [{M}x{K}] x [{n}x{K}]^T on {arch}: {why}")
     obj = object_file(arch)
     if not obj.is_file():
         raise DFlashError(f"{obj} is missing: run `make kernels` to build the kernel objects")
-    plan = gemm_plan(N, K, arch, splits)
-    mt = math.ceil(M / 16)  # 16-row m-tiles: the entry point of the object
+    plan = gemm_plan(Ns, K, arch, splits)
+    G, mt = len(Ns), math.ceil(M / 16)  # 16-row m-tiles: with G, the entry point of the object
+    entry = f"dflash_gemm{G if G > 1 else ''}_mt{mt}"
     S, KR, cb = plan.splits, plan.kr, plan.col_blocks
-    x_t, w_t, y_t = f"tensor<{M}x{K}xbf16>", f"tensor<{N}x{K}xbf16>", f"tensor<{M}x{N}xbf16>"
-    c_t = f"tensor<{cb}xi32>"
-    p_t = f"tensor<{S}x{M}x{N}xf32>" if S > 1 else "tensor<1xf32>"  # split partials (scratch)
-    text = executable_source(f"{name}_mm", f"dflash_gemm_mt{mt}", arch, obj.name, pipeline_layout(5, 2, 5), plan.threads, 2)
+    x_t, c_t = f"tensor<{M}x{K}xbf16>", f"tensor<{cb}xi32>"
+    w_t = [f"tensor<{n}x{K}xbf16>" for n in Ns]
+    y_t = [f"tensor<{M}x{n}xbf16>" for n in Ns]
+    p_t = f"tensor<{S}x{M}x{plan.N}xf32>" if S > 1 else "tensor<1xf32>"  # split partials (scratch)
+    w = ["%w"] if G == 1 else [f"%w{g}" for g in range(G)]
+    layout = pipeline_layout(5 + G, 1 + G, 2 * G + 3)
+    text = executable_source(f"{name}_mm", entry, arch, obj.name, layout, plan.threads, 2)
     # The split-K arrival counters: zero, and left zero by every call (the last workgroup of a column
     # block resets its counter), so one module global serves every call of this function.
     text += f"util.global private mutable @{name}_cnt = dense<0> : {c_t}\n"
-    text += (f"util.func private @{name}(%x: {x_t}, %w: {w_t}) -> {y_t} {{\n"
-             f"    %cM = arith.constant {M} : i32\n    %cN = arith.constant {N} : i32\n"
-             f"    %cK = arith.constant {K} : i32\n    %cKR = arith.constant {KR} : i32\n"
-             f"    %cS = arith.constant {S} : i32\n"
-             f"    %gx = arith.constant {cb} : index\n    %gy = arith.constant {S} : index\n"
+    args = ", ".join(f"{v}: {t}" for v, t in zip(w, w_t))
+    results = y_t[0] if G == 1 else f"({', '.join(y_t)})"
+    consts = [("M", M), ("K", K), ("KR", KR), ("S", S), ("GX", plan.grid_x)] + [(f"N{g}", n) for g, n in enumerate(Ns)]
+    text += f"util.func private @{name}(%x: {x_t}, {args}) -> {results} {{\n"
+    text += "".join(f"    %c{c} = arith.constant {v} : i32\n" for c, v in consts)
+    text += (f"    %gx = arith.constant {plan.grid_x} : index\n    %gy = arith.constant {S} : index\n"
              f"    %c = util.global.load @{name}_cnt : {c_t}\n"
-             f"    %r:3 = flow.dispatch @{name}_mm::@dflash_gemm_mt{mt}[%gx, %gy](%cM, %cN, %cK, %cKR, %cS, %x, %w, %c)"
-             f" : (i32, i32, i32, i32, i32, {x_t}, {w_t}, {c_t}) -> (%c, {y_t}, {p_t})\n"
+             f"    %r:{G + 2} = flow.dispatch @{name}_mm::@{entry}[%gx, %gy]"
+             f"({', '.join(f'%c{c}' for c, _ in consts)}, %x, {', '.join(w)}, %c)"
+             f" : ({', '.join(['i32'] * len(consts))}, {x_t}, {', '.join(w_t)}, {c_t})"
+             f" -> (%c, {', '.join(y_t)}, {p_t})\n"
              f"    util.global.store %r#0, @{name}_cnt : {c_t}\n"
-             f"    util.return %r#1 : {y_t}\n}}\n")
-    return GemmDispatch(M=M, N=N, K=K, arch=arch, name=name, plan=plan, mlir=text,
+             f"    util.return {', '.join(f'%r#{g + 1}' for g in range(G))} : {', '.join(y_t)}\n}}\n")
+    return GemmDispatch(M=M, Ns=Ns, K=K, arch=arch, name=name, plan=plan, mlir=text,
                         flags=[f"--iree-hal-executable-object-search-path={OBJECTS_DIR}"], objects=[obj])
 
 
 def standalone_module(d: GemmDispatch) -> str:
-    """A whole module around D with a public `gemm(x, w) -> y`."""
-    x_t, w_t, y_t = f"tensor<{d.M}x{d.K}xbf16>", f"tensor<{d.N}x{d.K}xbf16>", f"tensor<{d.M}x{d.N}xbf16>"
-    return (f"module @gemm_check {{\n{d.mlir}util.func public @gemm(%x: {x_t}, %w: {w_t}) -> {y_t} {{\n"
-            f"    %y = util.call @{d.func}(%x, %w) : ({x_t}, {w_t}) -> {y_t}\n    util.return %y : {y_t}\n}}\n}}\n")
+    """A whole module around D with a public `gemm(x, w0, ..) -> (y0, ..)`."""
+    x_t = f"tensor<{d.M}x{d.K}xbf16>"
+    w_t = [f"tensor<{n}x{d.K}xbf16>" for n in d.Ns]
+    y_t = [f"tensor<{d.M}x{n}xbf16>" for n in d.Ns]
+    G = len(d.Ns)
+    w = ", ".join(f"%w{g}: {t}" for g, t in enumerate(w_t))
+    return (f"module @gemm_check {{\n{d.mlir}util.func public @gemm(%x: {x_t}, {w}) -> ({', '.join(y_t)}) {{\n"
+            f"    %y:{G} = util.call @{d.func}(%x, {', '.join(f'%w{g}' for g in range(G))})"
+            f" : ({x_t}, {', '.join(w_t)}) -> ({', '.join(y_t)})\n"
+            f"    util.return {', '.join(f'%y#{g}' for g in range(G))} : {', '.join(y_t)}\n}}\n}}\n")

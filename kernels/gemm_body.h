@@ -31,6 +31,7 @@
  * Each backend layer (gemm_gpu.cu) includes gpu.h (kg_bf16) and defines before including this file:
  *   GM_FN, GM_TID(), GM_WG_X(), GM_WG_Y()  qualifiers, thread id, workgroup ids
  *   GM_WARPS, GM_CW, GM_U         warps per workgroup, column tiles per warp, chunks per round
+ *   GM_BLOCK_LOOP                 1: a workgroup may take several column blocks in turn (GX < blocks)
  *   GM_TN, GM_KC                  columns per tile, k-values per chunk
  *   gm_wfrag, gm_xfrag, gm_acc    a lane's W fragment of one chunk, x fragment of one chunk and
  *                                 m-tile, accumulator of one m-tile x column tile
@@ -43,7 +44,8 @@
  *   GM_ACC_N                      f32 values per lane per accumulator
  *   GM_SHARED, GM_BARRIER()       workgroup-shared storage, workgroup barrier
  *   GM_FENCE()                    device-scope memory fence (orders the partials and the count)
- * The number of m-tiles MT (1..4) is a template parameter: one entry point per MT.
+ * The number of m-tiles MT (1..4) and of weights G (1..3) are template parameters: one entry point
+ * per (G, MT).
  */
 #ifndef DFLASH_GEMM_BODY_H
 #define DFLASH_GEMM_BODY_H
@@ -144,6 +146,46 @@ GM_FN void gm_workgroup(const unsigned short* __restrict__ x, const unsigned sho
     y[row * N + col] = gm_bf16(s);
   }
   if (tid == 0) __scoped_atomic_store_n(&cnt[wg_x], 0, __ATOMIC_RELAXED, __MEMORY_SCOPE_DEVICE);
+}
+
+/* One workgroup of a grouped dispatch: G (1..3) weights W_g [N_g, K] that multiply the same x, each
+ * into its own y_g [M, N_g] (the q, k and v projections of a layer, or gate and up). The column
+ * blocks of all weights, ceil(N_g / GM_BN) each, weight g's after weight g-1's, are spread over a
+ * grid of GX x S workgroups: workgroup (wg_x, s) does split s of blocks wg_x, wg_x + GX, ... in turn
+ * (GX below the block count when one pass would leave a partial second wave of workgroups). Weight
+ * g's partials and counters follow weight g-1's in part and cnt. Each weight's columns are computed
+ * exactly as gm_workgroup computes a lone weight with the same split, so the numerics contract holds
+ * per weight, whatever G and GX are. */
+template <int GM_MT, int GM_G>
+GM_FN void gm_group_block(const unsigned short* __restrict__ x, const unsigned short* w0, const unsigned short* w1,
+                          const unsigned short* w2, int* cnt, unsigned short* y0, unsigned short* y1,
+                          unsigned short* y2, float* part, int M, int K, int KR, int S, int N0, int N1, int N2,
+                          int cb0, int cb1, int b, int wg_y, int tid) {
+  const unsigned short* w = w0;
+  unsigned short* y = y0;
+  int N = N0, coff = 0;
+  long poff = 0;
+  if (GM_G > 1 && b >= cb0) {
+    b -= cb0, coff = cb0, poff = (long)S * M * N0, w = w1, y = y1, N = N1;
+    if (GM_G > 2 && b >= cb1) b -= cb1, coff += cb1, poff += (long)S * M * N1, w = w2, y = y2, N = N2;
+  }
+  gm_workgroup<GM_MT>(x, w, y, part + poff, cnt + coff, M, N, K, KR, S, b, wg_y, tid);
+}
+
+template <int GM_MT, int GM_G>
+GM_FN void gm_group(const unsigned short* __restrict__ x, const unsigned short* w0, const unsigned short* w1,
+                    const unsigned short* w2, int* cnt, unsigned short* y0, unsigned short* y1, unsigned short* y2,
+                    float* part, int M, int K, int KR, int S, int GX, int N0, int N1, int N2, int wg_x, int wg_y,
+                    int tid) {
+  const int cb0 = (N0 + GM_BN - 1) / GM_BN, cb1 = GM_G > 1 ? (N1 + GM_BN - 1) / GM_BN : 0;
+#if GM_BLOCK_LOOP
+  const int blocks = cb0 + cb1 + (GM_G > 2 ? (N2 + GM_BN - 1) / GM_BN : 0);
+  for (int b = wg_x; b < blocks; b += GX)
+    gm_group_block<GM_MT, GM_G>(x, w0, w1, w2, cnt, y0, y1, y2, part, M, K, KR, S, N0, N1, N2, cb0, cb1, b, wg_y, tid);
+#else
+  (void)GX; /* the plan gives GX = the block count on this backend: one block a workgroup */
+  gm_group_block<GM_MT, GM_G>(x, w0, w1, w2, cnt, y0, y1, y2, part, M, K, KR, S, N0, N1, N2, cb0, cb1, wg_x, wg_y, tid);
+#endif
 }
 
 /* One workgroup of the reduce dispatch (grid (ceil(M*N / (GM_RT*4)))): y[e] = bf16(sum_s part[s][e]),

@@ -4,9 +4,13 @@
  * IREE's ABI for hand-authored GPU kernels (bindings in order, then the 32-bit push constants):
  *
  *   dflash_gemm_mt{1,2,3,4}(x bf16[M*K], w bf16[N*K], cnt i32[N / GM_BN], y bf16[M*N], part f32[S*M*N],
- *                           M, N, K, KR, S)                                   grid (N / GM_BN, S, 1)
+ *                           M, K, KR, S, GX, N)                               grid (GX, S, 1)
+ *       GX <= N / GM_BN workgroups take the column blocks in turn (gemm_body.h gm_group);
  *       rows are padded to 16*MT; with S == 1, cnt and part are not touched (any pointer will do);
  *       with S > 1, cnt must be zero on entry (it is left zero) and part is scratch
+ *   dflash_gemm{2,3}_mt{1,2,3,4}(x, w0, w1[, w2], cnt, y0, y1[, y2], part, M, K, KR, S, GX, N0, N1[, N2])
+ *       the same for 2 or 3 weights of one x: their column blocks (sum_g N_g / GM_BN) in one grid
+ *       (GX, S, 1); cnt and part hold the weights' counters and partials one after the other
  *   dflash_gemm_reduce(part f32[S*M*N], y bf16[M*N], M*N, S)                  grid (ceil(M*N/1024), 1, 1)
  * One workgroup is GM_WARPS * 32 threads (128 on both).
  */
@@ -40,30 +44,39 @@
 #ifndef GM_MINB
 #define GM_MINB 4
 #endif
+#define GM_BLOCK_LOOP 1 /* the plan may give a workgroup several column blocks (kernels/gemm.py) */
 #define GM_TN 8
 #define GM_KC 32
 #define GM_ACC_N 4
 typedef unsigned gm_u4 __attribute__((ext_vector_type(4)));
+typedef struct { float d[4]; } gm_acc;
 typedef struct { gm_u4 v; } gm_wfrag;
 typedef struct { gm_u4 lo, hi; } gm_xfrag; /* rows g and g + 8 */
-typedef struct { float d[4]; } gm_acc;
+
+/* 16 bytes at p when ok, else zeros. Predicated inside the asm, so that a round's loads are
+ * straight-line code rather than branches. W is streamed once (no L1 allocation); x is reread by
+ * every warp of the SM (through L1). */
+#define GM_LD4(NAME, INSN)                                                                                 \
+  GM_FN gm_u4 NAME(const unsigned short* p, int ok) {                                                    \
+    unsigned a = 0, b = 0, c = 0, d = 0;                                                                 \
+    asm("{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n @p " INSN " {%0, %1, %2, %3}, [%4];\n}"           \
+        : "+r"(a), "+r"(b), "+r"(c), "+r"(d) : "l"(p), "r"(ok));                                        \
+    return (gm_u4){a, b, c, d};                                                                          \
+  }
+GM_LD4(gm_ld4_stream, "ld.global.nc.L1::no_allocate.v4.u32")
+GM_LD4(gm_ld4, "ld.global.nc.v4.u32")
 
 GM_FN void gm_load_w(gm_wfrag* f, const unsigned short* w, int col, int k, int K, int ok) {
   int lane = GM_TID() & 31;
-  const unsigned short* p = w + (long)(col + (lane >> 2)) * K + k + 8 * (lane & 3);
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  if (ok)
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "l"(p));
-  f->v = (gm_u4){a, b, c, d};
+  f->v = gm_ld4_stream(w + (long)(col + (lane >> 2)) * K + k + 8 * (lane & 3), ok);
 }
 
 GM_FN void gm_load_x(gm_xfrag* f, const unsigned short* x, int row0, int k, int M, int K) {
   int lane = GM_TID() & 31;
   int r = row0 + (lane >> 2);
-  int kk = k + 8 * (lane & 3);
-  f->lo = r < M ? *(const gm_u4*)(x + (long)r * K + kk) : (gm_u4){0, 0, 0, 0};
-  f->hi = r + 8 < M ? *(const gm_u4*)(x + (long)(r + 8) * K + kk) : (gm_u4){0, 0, 0, 0};
+  const unsigned short* p = x + (long)r * K + k + 8 * (lane & 3);
+  f->lo = gm_ld4(p, r < M);
+  f->hi = gm_ld4(p + 8L * K, r + 8 < M);
 }
 
 GM_FN void gm_mma(gm_acc* acc, const gm_xfrag* xf, const gm_wfrag* wf) {
@@ -105,6 +118,9 @@ GM_FN float gm_acc_get(const gm_acc* a, int i, int* row, int* col) {
 #ifndef GM_U
 #define GM_U 4
 #endif
+/* One column block per workgroup: the loop's hoisted addresses would spill the 3- and 4-m-tile
+ * entry points here, and the plan never needs it (kernels/gemm.py). */
+#define GM_BLOCK_LOOP 0
 #define GM_TN 16
 #define GM_KC 16
 #define GM_ACC_N 8
@@ -157,17 +173,33 @@ GM_FN float gm_acc_get(const gm_acc* a, int i, int* row, int* col) {
 
 #include "gemm_body.h"
 
-#define GM_ENTRY(MT)                                                                                          \
-  extern "C" __global__ void GM_LAUNCH(MT)                                                                   \
-      dflash_gemm_mt##MT(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w, int* cnt,  \
-                         unsigned short* __restrict__ y, float* __restrict__ part, int M, int N, int K, int KR,  \
-                         int S) {                                                                               \
-    gm_workgroup<MT>(x, w, y, part, cnt, M, N, K, KR, S, GM_WG_X(), GM_WG_Y(), GM_TID());                     \
+/* One entry point per weight count G and m-tile count MT: dflash_gemm_mt{MT} (G = 1),
+ * dflash_gemm2_mt{MT}, dflash_gemm3_mt{MT}. */
+#define GM_U16 unsigned short
+#define GM_ENTRY1(MT)                                                                                         \
+  extern "C" __global__ void GM_LAUNCH(MT) dflash_gemm_mt##MT(const GM_U16* __restrict__ x, const GM_U16* w0, \
+                                                               int* cnt, GM_U16* y0, float* part, int M, int K, \
+                                                               int KR, int S, int GX, int N0) {                         \
+    gm_group<MT, 1>(x, w0, w0, w0, cnt, y0, y0, y0, part, M, K, KR, S, GX, N0, 0, 0, GM_WG_X(), GM_WG_Y(), GM_TID()); \
   }
-GM_ENTRY(1)
-GM_ENTRY(2)
-GM_ENTRY(3)
-GM_ENTRY(4)
+#define GM_ENTRY2(MT)                                                                                          \
+  extern "C" __global__ void GM_LAUNCH(MT)                                                                    \
+      dflash_gemm2_mt##MT(const GM_U16* __restrict__ x, const GM_U16* w0, const GM_U16* w1, int* cnt, GM_U16* y0, \
+                          GM_U16* y1, float* part, int M, int K, int KR, int S, int GX, int N0, int N1) {               \
+    gm_group<MT, 2>(x, w0, w1, w1, cnt, y0, y1, y1, part, M, K, KR, S, GX, N0, N1, 0, GM_WG_X(), GM_WG_Y(), GM_TID()); \
+  }
+#define GM_ENTRY3(MT)                                                                                           \
+  extern "C" __global__ void GM_LAUNCH(MT)                                                                     \
+      dflash_gemm3_mt##MT(const GM_U16* __restrict__ x, const GM_U16* w0, const GM_U16* w1, const GM_U16* w2,    \
+                          int* cnt, GM_U16* y0, GM_U16* y1, GM_U16* y2, float* part, int M, int K, int KR, int S, \
+                          int GX, int N0, int N1, int N2) {                                                              \
+    gm_group<MT, 3>(x, w0, w1, w2, cnt, y0, y1, y2, part, M, K, KR, S, GX, N0, N1, N2, GM_WG_X(), GM_WG_Y(), GM_TID()); \
+  }
+#define GM_ENTRIES(MT) GM_ENTRY1(MT) GM_ENTRY2(MT) GM_ENTRY3(MT)
+GM_ENTRIES(1)
+GM_ENTRIES(2)
+GM_ENTRIES(3)
+GM_ENTRIES(4)
 
 extern "C" __global__ void __attribute__((launch_bounds(GM_RT))) dflash_gemm_reduce(const float* __restrict__ part,
                                                                                     unsigned short* __restrict__ y,

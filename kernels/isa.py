@@ -14,7 +14,7 @@ import struct
 from pathlib import Path
 
 KERNELS = ("dflash_topk_partial", "dflash_topk_merge")
-GEMM_KERNELS = ("dflash_gemm_mt1", "dflash_gemm_mt2", "dflash_gemm_mt3", "dflash_gemm_mt4", "dflash_gemm_reduce")
+GEMM_KERNELS = tuple(f"dflash_gemm{g}_mt{mt}" for g in ("", "2", "3") for mt in (1, 2, 3, 4)) + ("dflash_gemm_reduce",)
 ATTENTION_KERNELS = ("dflash_attention",)
 
 

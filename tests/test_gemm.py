@@ -70,6 +70,38 @@ def test_mlir_text():
     assert d.flags == [f"--iree-hal-executable-object-search-path={object_file('sm_80').parent}"]
 
 
+def test_plan_spreads_a_partial_second_wave():
+    """On CUDA a pass of 2..4 waves of resident workgroups (4 a SM) becomes that many passes of fewer
+    workgroups; many waves (lm_head) and gfx keep one column block a workgroup."""
+    gu = gemm_plan((12288, 12288), 4096, "sm_80")
+    assert (gu.col_blocks, gu.splits, gu.grid_x, gu.passes) == (768, 1, 384, 2)
+    assert "%gx = arith.constant 384 : index" in gemm_dispatch(16, (12288, 12288), 4096, "sm_80").mlir
+    lm = gemm_plan(151936, 4096, "sm_80")
+    assert lm.grid_x == lm.col_blocks == 4748
+    for nk in SHAPES_8B:
+        assert gemm_plan(*nk, "sm_80").passes == 1
+        assert gemm_plan(*nk, "gfx1151").passes == 1
+    assert gemm_plan((12288, 12288), 4096, "gfx1100").passes == 1
+
+
+def test_grouped_mlir_text():
+    """q, k and v of one x in one dispatch: one grid over the three weights' column blocks."""
+    d = gemm_dispatch(16, (4096, 1024, 1024), 4096, "sm_80", name="qkv")
+    assert ("util.func private @qkv(%x: tensor<16x4096xbf16>, %w0: tensor<4096x4096xbf16>, %w1: tensor<1024x4096xbf16>, "
+            "%w2: tensor<1024x4096xbf16>) -> (tensor<16x4096xbf16>, tensor<16x1024xbf16>, tensor<16x1024xbf16>)") in d.mlir
+    assert "@qkv_mm::@dflash_gemm3_mt1[%gx, %gy]" in d.mlir and "constants = 8" in d.mlir
+    assert d.mlir.count("#hal.pipeline.binding<storage_buffer, ReadOnly>") == 4
+    assert d.mlir.count("#hal.pipeline.binding<storage_buffer>") == 5
+    # 128 + 32 + 32 column blocks of 32: 2 splits reach 2.9 workgroups per SM where q alone needs 4.
+    assert d.plan.col_blocks == 192 and d.plan.splits == 2 and "tensor<2x16x6144xf32>" in d.mlir
+    assert "dense<0> : tensor<192xi32>" in d.mlir
+    assert gemm_plan((12288, 12288), 4096, "sm_80").splits == 1
+    with pytest.raises(DFlashError, match="1..3 weights"):
+        gemm_dispatch(16, (64, 64, 64, 64), 128, "sm_80")
+    with pytest.raises(DFlashError, match="multiple of 16"):
+        gemm_dispatch(16, (64, 24), 128, "sm_80")
+
+
 @pytest.mark.parametrize("args,match", [((0, 64, 128, "sm_80"), "outside 1..64"), ((65, 64, 128, "sm_80"), "outside"),
                                         ((1, 24, 128, "sm_80"), "multiple of 16"), ((1, 64, 48, "sm_80"), "multiple of 32"),
                                         ((1, 64, 40, "gfx1151"), "multiple of 16"), ((1, 64, 128, "host"), "no skinny-GEMM"),
@@ -84,7 +116,8 @@ def test_compiles_for_gpu_targets(arch):
     ic = pytest.importorskip("iree.compiler")
     from dflash_iree.kernels.topk import device_flags
 
-    for M, N, K in [(1, 1024, 4096), (16, 4096, 4096), (64, 4096, 12288), (16, 128, 384)]:
+    for M, N, K in [(1, 1024, 4096), (16, 4096, 4096), (64, 4096, 12288), (16, 128, 384), (16, (128, 64, 64), 384),
+                    (8, (256, 256), 384)]:
         d = gemm_dispatch(M, N, K, arch)
         vmfb = ic.compile_str(standalone_module(d), extra_args=device_flags(arch) + d.flags)
         assert len(vmfb) > 10000
@@ -153,3 +186,60 @@ def test_splice_leaves_small_weights_to_iree(tmp_path, N, taken):
     src.write_text(_LINEAR.format(M=16, N=N, K=512))
     out, _ = splice.splice_file(src, tmp_path / "s.mlirbc", "sm_80", {"gemm": splice.splice_gemm})
     assert (out != src) == taken and (2 * N * 512 >= splice.GEMM_MIN_WEIGHT_BYTES) == taken
+
+
+# The q, k and v projections as the export writes them: three views of one [1, M, K] value, each
+# multiplied by a transposed weight global; o's input is another value.
+_QKVO = """
+module @m {{
+  util.global private @q = dense<0.5> : tensor<{N}x{K}xbf16>
+  util.global private @k = dense<0.25> : tensor<{Nkv}x{K}xbf16>
+  util.global private @v = dense<0.125> : tensor<{Nkv}x{K}xbf16>
+  util.global private @o = dense<0.5> : tensor<{N}x{K}xbf16>
+  func.func @f(%h: !torch.vtensor<[1,{M},{K}],bf16>, %a: !torch.vtensor<[{M},{K}],bf16>) -> (!torch.vtensor<[{M},{N}],bf16>, !torch.vtensor<[{M},{Nkv}],bf16>, !torch.vtensor<[{M},{Nkv}],bf16>, !torch.vtensor<[{M},{N}],bf16>) {{
+    %i0 = torch.constant.int 0
+    %i1 = torch.constant.int 1
+    %iM = torch.constant.int {M}
+    %iK = torch.constant.int {K}
+    %shape = torch.prim.ListConstruct %iM, %iK : (!torch.int, !torch.int) -> !torch.list<int>
+{mms}
+    return %y_q, %y_k, %y_v, %y_o : !torch.vtensor<[{M},{N}],bf16>, !torch.vtensor<[{M},{Nkv}],bf16>, !torch.vtensor<[{M},{Nkv}],bf16>, !torch.vtensor<[{M},{N}],bf16>
+  }}
+}}
+"""
+_MM = """    %g_{w} = util.global.load @{w} : tensor<{n}x{K}xbf16>
+    %t_{w} = torch_c.from_builtin_tensor %g_{w} : tensor<{n}x{K}xbf16> -> !torch.vtensor<[{n},{K}],bf16>
+    %tt_{w} = torch.aten.transpose.int %t_{w}, %i0, %i1 : !torch.vtensor<[{n},{K}],bf16>, !torch.int, !torch.int -> !torch.vtensor<[{K},{n}],bf16>
+    %x_{w} = {x}
+    %y_{w} = torch.aten.mm %x_{w}, %tt_{w} : !torch.vtensor<[{M},{K}],bf16>, !torch.vtensor<[{K},{n}],bf16> -> !torch.vtensor<[{M},{n}],bf16>
+"""
+
+
+@pytest.mark.parametrize("M", [16, 1])
+def test_splice_groups_the_mms_of_one_x(tmp_path, M):
+    """q, k and v (views of one value) become one grouped dispatch; o (another x) its own. At M = 1
+    (decode) nothing is taken, groups included: IREE's matvecs are faster there."""
+    pytest.importorskip("iree.compiler")
+    from dflash_iree.export import splice
+
+    N, Nkv, K = 128, 64, 384
+    view = "torch.aten.view %h, %shape : !torch.vtensor<[1,{M},{K}],bf16>, !torch.list<int> -> !torch.vtensor<[{M},{K}],bf16>"
+    mms = "".join(_MM.format(w=w, n=n, K=K, M=M, x=(view if w != "o" else "torch.aten.clone %a, %none : !torch.vtensor<[{M},{K}],bf16>, !torch.none -> !torch.vtensor<[{M},{K}],bf16>").format(M=M, K=K))
+                  for w, n in (("q", N), ("k", Nkv), ("v", Nkv), ("o", N)))
+    mms = "    %none = torch.constant.none\n" + mms
+    src = tmp_path / "m.mlir"
+    src.write_text(_QKVO.format(M=M, N=N, Nkv=Nkv, K=K, mms=mms))
+    gemm = functools.partial(splice.splice_gemm, min_weight_bytes=0)
+    out, flags = splice.splice_file(src, tmp_path / "s.mlirbc", "sm_80", {"gemm": gemm})
+    if M == 1:
+        assert (out, flags, splice.last_report()) == (src, [], {})
+        return
+    assert splice.last_report() == {"gemm": [
+        {"M": M, "N": N, "K": K, "ops": 1, "splits": gemm_plan(N, K, "sm_80").splits},
+        {"M": M, "N": [N, Nkv, Nkv], "K": K, "ops": 1, "splits": gemm_plan((N, Nkv, Nkv), K, "sm_80").splits}]}
+    text = str(splice.load(out))
+    assert "torch.aten.mm" not in text and f"util.call @dflash_gemm_{M}x{N}_{Nkv}_{Nkv}x{K}" in text
+    ic = pytest.importorskip("iree.compiler")
+    from dflash_iree.kernels.topk import device_flags
+
+    assert len(ic.compile_file(str(out), extra_args=device_flags("sm_80") + flags)) > 10000
