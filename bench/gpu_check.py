@@ -1,6 +1,7 @@
 """Exactness and speed of the compiled runtime on a GPU (the lent H200), against the eager CPU reference.
 
     python bench/gpu_check.py prepare --arch sm_89            # here: checkpoints, artifacts, eager tokens
+                                    [--every-gemm]            # (the demo's matmuls all take the GEMM splice)
     PYTHONPATH=. python bench/gpu_check.py run --device cuda --json OUT.json   # on the GPU machine
     python bench/gpu_check.py report OUT.json                 # here: top-2 margins at divergences, table
 
@@ -18,6 +19,7 @@ iree.runtime and NumPy. It checks:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -31,10 +33,13 @@ TINY_CASES = [("greedy", 0.0, 0), ("t1-seed3", 1.0, 3)]
 LENGTHS = (4, 90)
 
 
-def prepare(arch: str) -> None:
+def prepare(arch: str, every_gemm: bool = False) -> None:
+    """EVERY_GEMM: the demo pair's matmuls all take the skinny-GEMM splice (no 4 MiB floor: its
+    384-wide weights are below it), to check the kernel, grouped dispatches included, in a model."""
     sys.path.insert(0, str(ROOT / "tests"))
     from tiny import make_drafter, make_target
 
+    from dflash_iree.export import splice
     from dflash_iree.export.compile import compile_artifacts
     from dflash_iree.export.load import load_target
     from dflash_iree.export.reference import SamplingConfig, generate_plain
@@ -45,8 +50,9 @@ def prepare(arch: str) -> None:
         make_target(target)
         make_drafter(drafter, target)
     compile_artifacts(arch, target, drafter, WORK / f"tiny-{arch}", max_context=256)
+    splices = {**splice.SPLICES, "gemm": functools.partial(splice.splice_gemm, min_weight_bytes=0)} if every_gemm else None
     compile_artifacts(arch, ROOT / "models/demo/target", ROOT / "models/demo/drafter", WORK / f"demo-{arch}",
-                      max_context=512)
+                      max_context=512, splices=splices)
     eager = load_target(target, 256)
     expected = {}
     for name, t, seed in TINY_CASES:
@@ -161,6 +167,7 @@ def main() -> None:
     sub = p.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("prepare")
     a.add_argument("--arch", default="sm_89")
+    a.add_argument("--every-gemm", action="store_true", help="the demo's matmuls all take the skinny-GEMM splice")
     r = sub.add_parser("run")
     r.add_argument("--device", default="cuda")
     r.add_argument("--json", required=True)
@@ -173,7 +180,7 @@ def main() -> None:
     s.add_argument("json")
     args = p.parse_args()
     if args.cmd == "prepare":
-        prepare(args.arch)
+        prepare(args.arch, args.every_gemm)
     elif args.cmd == "run":
         run(args.device, args.json, args.prompts, args.max_new_tokens, args.runs, args.tiny_only, args.arch)
     else:
