@@ -263,7 +263,7 @@ class Raw:
 
         cb, S = self.plan_splits(N, K, splits)
         f = self.mod.get_function(f"dflash_gemm_mt{math.ceil(M / self.rows)}")
-        y = torch.empty(M, N, dtype=torch.bfloat16, device="cuda")
+        y = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")  # an unwritten output fails parity
         part = torch.empty(S * M * N if S > 1 else 1, dtype=torch.float32, device="cuda")
         cnt = torch.zeros(cb, dtype=torch.int32, device="cuda")
         i32, u64 = np.int32, np.uint64
@@ -497,6 +497,10 @@ def main(argv=None) -> int:
     p.add_argument("--ms", help="M,M,... (default: 1,8,16,64)")
     p.add_argument("--groups", action="store_true", help="the grouped dispatches (GROUPS): prepare them, or check them")
     a = p.parse_args(argv)
+    if a.step in ("prepare", "run") and a.groups and a.modules is None:
+        p.error("--groups needs --out/--modules DIR (the grouped modules' folder)")
+    if a.step == "prepare" and a.modules is None:
+        p.error("prepare needs --out DIR")
     if a.step == "prepare":
         (prepare_groups if a.groups else prepare)(a.modules, a.arch)
     elif a.step == "run" and a.groups:

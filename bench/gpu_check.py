@@ -107,6 +107,8 @@ def run(device: str, out: str, n_prompts: int, max_new_tokens: int, runs: int, t
         print(summary(result))
         return
     demo = Engine.load(WORK / f"demo-{arch}", ROOT / "models/demo/target", ROOT / "models/demo/drafter", device)
+    # what the demo build spliced (prepare --every-gemm takes every matmul): part of the result
+    result["demo_splices"] = json.loads((WORK / f"demo-{arch}" / "manifest.json").read_text()).get("splices", {})
     prompts = read_prompts(ROOT / "bench/prompts/code.jsonl", n_prompts)
     for i, p in enumerate(prompts):
         plain = demo.generate(p, max_new_tokens, speculative=False).tokens

@@ -158,33 +158,39 @@ def find_ops(module, name: str, custom: str | None = None) -> list:
 
 def replace_with_call(op, callee: str, operands: Iterable | None = None,
                       result_types: Sequence[str] | None = None):
-    """Replace OP by `util.call @callee(operands)` and return the call op.
+    """Replace OP (or a list of ops, in block order) by one `util.call @callee(operands)` and return
+    the call op.
 
     Args:
-        op: a torch op (ir.Operation or OpView) whose results are `!torch.vtensor`s.
+        op: a torch op (ir.Operation or OpView) whose results are `!torch.vtensor`s, or a list of
+            them; the call stands where the first stood and its results, in order, take the uses of
+            the ops' results, in order.
         callee: a function of the module (add it first, e.g. with `add_functions`) that takes the
-            builtin forms of the operands and returns the builtin forms of OP's results.
-        operands: the values to pass (default: all of OP's operands). A `!torch.vtensor` value is
-            passed through `torch_c.to_builtin_tensor`; any other value as it is.
-        result_types: the callee's result types as text (default: `builtin_type` of OP's results).
+            builtin forms of the operands and returns the builtin forms of the ops' results.
+        operands: the values to pass (default: all of the first op's operands). A `!torch.vtensor`
+            value is passed through `torch_c.to_builtin_tensor`; any other value as it is (it must
+            be defined before the first op).
+        result_types: the callee's result types as text (default: `builtin_type` of the results).
 
-    The call's results go through `torch_c.from_builtin_tensor` back to OP's result types, OP's
-    uses take them, and OP is erased (the constants it alone used are left to the canonicalizer).
+    The call's results go through `torch_c.from_builtin_tensor` back to the ops' result types, the
+    ops' uses take them, and the ops are erased (the constants they alone used are left to the
+    canonicalizer).
 
     Raises:
         DFlashError: an operand or result that is not a tensor of known rank and dtype, or a
-            result count that differs from OP's.
+            result count that differs from the ops'.
     """
     from iree.compiler import ir
     from iree.compiler.dialects import util
 
-    op = op.operation
-    operands = list(op.operands if operands is None else operands)
-    results = list(op.results)
+    ops = [o.operation for o in (op if isinstance(op, list) else [op])]
+    first = ops[0]
+    operands = list(first.operands if operands is None else operands)
+    results = [r for o in ops for r in o.results]
     result_types = [builtin_type(r.type) for r in results] if result_types is None else list(result_types)
     if len(result_types) != len(results):
-        raise DFlashError(f"splice: {callee} returns {len(result_types)} results where {op.name} has {len(results)}")
-    with op.context, op.location, ir.InsertionPoint(op):
+        raise DFlashError(f"splice: {callee} returns {len(result_types)} results where {first.name} has {len(results)}")
+    with first.context, first.location, ir.InsertionPoint(first):
         args = []
         for v in operands:
             if str(v.type).startswith("!torch.vtensor"):
@@ -195,7 +201,8 @@ def replace_with_call(op, callee: str, operands: Iterable | None = None,
         for old, new in zip(results, call.results):
             back = ir.Operation.create("torch_c.from_builtin_tensor", results=[old.type], operands=[new]).result
             old.replace_all_uses_with(back)
-    op.erase()
+    for o in ops:
+        o.erase()
     return call
 
 
@@ -307,31 +314,30 @@ def _rows_of(x):
 
 
 def _immutable_globals(module) -> set[str]:
-    return {str(op.attributes["sym_name"]).strip('"') for op in module.body.operations
+    """Names of MODULE's `util.global`s that are not `mutable` (the weights; not the KV cache)."""
+    from iree.compiler import ir
+
+    return {ir.StringAttr(op.attributes["sym_name"]).value for op in module.body.operations
             if op.name == "util.global" and "is_mutable" not in op.attributes}
 
 
-def _replace_group(ops, callee: str, x, weights, result_types):
-    """Replace the mms OPS (in block order; all of the same rows X) with one `util.call @callee(x,
-    weights...)` placed before the first, whose results take the mms' uses in order. Each weight is
-    loaded again before the call (a later mm's load may stand after the first mm; the loads are of
-    immutable globals, which IREE dedupes)."""
+def _global_name(load) -> str:
+    """The global a `util.global.load` value reads."""
     from iree.compiler import ir
-    from iree.compiler.dialects import util
 
-    first = ops[0].operation
-    with first.context, first.location, ir.InsertionPoint(first):
-        loads = [ir.Operation.create("util.global.load", results=[w.type],
-                                     attributes={"global": w.owner.attributes["global"]}).result for w in weights]
-        xb = ir.Operation.create("torch_c.to_builtin_tensor", results=[ir.Type.parse(builtin_type(x.type))],
-                                 operands=[x]).result
-        call = util.CallOp([ir.Type.parse(t) for t in result_types], callee, [xb, *loads])
-        for op, new in zip(ops, call.results):
-            old = op.operation.results[0]
-            back = ir.Operation.create("torch_c.from_builtin_tensor", results=[old.type], operands=[new]).result
-            old.replace_all_uses_with(back)
-    for op in ops:
-        op.operation.erase()
+    return ir.FlatSymbolRefAttr(load.owner.attributes["global"]).value
+
+
+def _reload(weights, before) -> list:
+    """A fresh `util.global.load` of each weight's global just before the op BEFORE: a grouped call
+    stands where its first mm stood, and a later mm's own load may stand after that (the globals
+    are immutable, and IREE dedupes the loads)."""
+    from iree.compiler import ir
+
+    op = before.operation
+    with op.context, op.location, ir.InsertionPoint(op):
+        return [ir.Operation.create("util.global.load", results=[w.type],
+                                    attributes={"global": w.owner.attributes["global"]}).result for w in weights]
 
 
 def splice_gemm(module, arch: str, min_weight_bytes: int = GEMM_MIN_WEIGHT_BYTES) -> list[str] | None:
@@ -341,22 +347,26 @@ def splice_gemm(module, arch: str, min_weight_bytes: int = GEMM_MIN_WEIGHT_BYTES
     Taken: x [M, K] bf16 with a static GEMM_MIN_M <= M <= 64, W a `util.global.load` of an immutable
     [N, K] bf16 global of at least `min_weight_bytes` bytes, the result [M, N] bf16, and a shape the
     kernel takes on ARCH (kernels/gemm.py `why_unsupported`); every other mm is left to IREE. Mms
-    whose x are views of the same value with the same type form a group, cut into runs of at most 3
-    in module order; the run's call stands where its first mm stood. Archs: CUDA (sm_*) and
-    gfx1100/1151/1201; others return None. Each (M, Ns, K) gets one function
-    `dflash_gemm_{M}x{N0}[_{N1}[_{N2}]]x{K}` (its executable and counter global). Records (M, N or Ns, K, count, splits) per shape in `last_report()["gemm"]`. Returns the
-    flags (the object search path), or None when nothing was replaced.
+    in one block whose x are views of the same value with the same type form a group (a layer's q,
+    k and v; gate and up; the drafter's context k and v projections of all its layers), cut into
+    runs of at most 3 in module order; a run's call stands where its first mm stood. Every function
+    of the export groups its weights the same way, so a weight's k split, and with it its bits, is
+    the same wherever it is read. Archs: CUDA (sm_*) and gfx1100/1151/1201; others return None.
+    Each (M, Ns, K) gets one function `dflash_gemm_{M}x{N0}[_{N1}[_{N2}]]x{K}` (its executable and
+    counter global). Records per shape, in `last_report()["gemm"]`: M, N (a list for a group), K,
+    `ops` (dispatches), `mms` (matmuls replaced) and the k splits. Returns the flags (the object
+    search path), or None when nothing was replaced.
     """
     from dflash_iree.kernels.gemm import ARCHS, MAX_WEIGHTS, gemm_dispatch, why_unsupported
 
     if arch not in ARCHS:
         return None
     immutable = _immutable_globals(module)
-    groups: dict[tuple, list] = {}  # (rows value, x type) -> [(op, w, N)], first-seen order
+    groups: dict[tuple, list] = {}  # (rows value, x type, block) -> [(op, w, N)], first-seen order
     for op in find_ops(module, "torch.aten.mm"):
         x, rhs = op.operands
         w = _weight_of(rhs)
-        if w is None or str(w.owner.attributes["global"]).lstrip("@") not in immutable:
+        if w is None or _global_name(w) not in immutable:
             continue
         xt, wt, yt = builtin_type(x.type), str(w.type), builtin_type(op.results[0].type)
         m = re.fullmatch(r"tensor<(\d+)x(\d+)xbf16>", xt)
@@ -366,7 +376,7 @@ def splice_gemm(module, arch: str, min_weight_bytes: int = GEMM_MIN_WEIGHT_BYTES
         M, K, N = int(m[1]), int(m[2]), int(n[1])
         if M < GEMM_MIN_M or 2 * N * K < min_weight_bytes or yt != f"tensor<{M}x{N}xbf16>" or why_unsupported(M, N, K, arch):
             continue
-        groups.setdefault((_rows_of(x), xt), []).append((op, w, N))
+        groups.setdefault((_rows_of(x), xt, op.operation.block), []).append((op, w, N))
     if not groups:
         return None
     flags: list[str] = []
@@ -381,13 +391,13 @@ def splice_gemm(module, arch: str, min_weight_bytes: int = GEMM_MIN_WEIGHT_BYTES
             name = f"dflash_gemm_{M}x{'_'.join(map(str, Ns))}x{K}"
             d = gemm_dispatch(M, Ns, K, arch, name=name)
             add_functions(module, d.mlir)
-            _replace_group(ops, name, x, ws, [f"tensor<{M}x{n}xbf16>" for n in Ns])
+            replace_with_call(ops, name, [x, *_reload(ws, ops[0])], [f"tensor<{M}x{n}xbf16>" for n in Ns])
             key = (M, Ns, K)
             counts[key] = counts.get(key, 0) + 1
             splits[key] = d.plan.splits
             flags += [f for f in d.flags if f not in flags]
-    _REPORT["gemm"] = [{"M": M, "N": Ns[0] if len(Ns) == 1 else list(Ns), "K": K, "ops": c, "splits": splits[(M, Ns, K)]}
-                       for (M, Ns, K), c in sorted(counts.items())]
+    _REPORT["gemm"] = [{"M": M, "N": Ns[0] if len(Ns) == 1 else list(Ns), "K": K, "ops": c, "mms": c * len(Ns),
+                        "splits": splits[(M, Ns, K)]} for (M, Ns, K), c in sorted(counts.items())]
     return flags
 
 

@@ -1,14 +1,18 @@
 """MLIR for the skinny-GEMM custom dispatch y[M, N] = x[M, K] . W[N, K]^T (bf16 in, f32 sums, bf16 out).
 
-`gemm_dispatch(M, N, K, arch)` returns the text of one or two `hal.executable.source` ops bound to
-the committed objects (gemm_gpu.cu built for `arch`) and a `util.func private` that calls them:
+`gemm_dispatch(M, N, K, arch)` returns the text of a `hal.executable.source` op bound to the
+committed objects (gemm_gpu.cu built for `arch`), the split-K counter global and a `util.func
+private` that calls it:
 
     util.func private @{name}(%x: tensor<M x K x bf16>, %w: tensor<N x K x bf16>) -> tensor<M x N x bf16>
 
-The plan (columns per workgroup, k splits) depends on (N, K, arch) only, never on M: every row of y
-is computed by the same sequence of instructions whatever M is (see gemm_body.h, numerics contract).
-GPU archs only (CUDA sm_80/86/89 and RDNA3/4 gfx1100/1151/1201); the host CPU keeps IREE's own
-matmul. No IREE import here: this module only writes text.
+With N a tuple of 2 or 3 row counts it multiplies one x by that many weights in one dispatch
+(`@{name}(%x, %w0, %w1[, %w2]) -> (y0, y1[, y2])`: a layer's q, k and v projections, gate and up).
+The plan (columns per workgroup, k splits, workgroups along the columns) depends on (the N's, K,
+arch) only, never on M: every row of y is computed by the same sequence of instructions whatever M
+is (see gemm_body.h, numerics contract). GPU archs only (CUDA sm_80/86/89 and RDNA3/4
+gfx1100/1151/1201); the host CPU keeps IREE's own matmul. No IREE import here: this module only
+writes text.
 """
 
 from __future__ import annotations
@@ -31,14 +35,16 @@ MAX_WEIGHTS = 3  # weights of one x in one dispatch (q, k, v)
 # whole number of chunks (the kernel loads GM_U chunks at a time, then the rest one by one).
 # per_unit: workgroups per multiprocessor we aim for (the fewest splits that reach it): on the H200
 # the best split of the 8B shapes gave 2.9-3.9 workgroups of 128 threads per SM (bench/gemm_bench.py).
-# resident: workgroups a multiprocessor holds at once (CUDA: the 1- and 2-m-tile entry points are
-# built for 4 of 128 threads per SM, gemm_gpu.cu GM_MINB). When one pass over the column blocks
-# would leave a partial second (to fourth) wave of workgroups, fewer workgroups take the blocks in
-# turn: on the H200 the fused gate+up (768 blocks, M = 16) ran 69.0 us in 768 workgroups and 63.0 us
-# in 384 that take two blocks each (bench/results/gemm_h200_variants.json). gfx builds one block per
-# workgroup (resident 0: never loop; gemm_gpu.cu GM_BLOCK_LOOP).
-_CUDA = {"threads": 128, "bn": 32, "chunk": 32, "per_unit": 2.9, "resident": 4}
-_HIP = {"threads": 128, "bn": 128, "chunk": 16, "per_unit": 2, "resident": 0}
+# block_loop: whether the objects let a workgroup take several column blocks in turn (gemm_gpu.cu
+# GM_BLOCK_LOOP; gfx builds one block a workgroup). resident: workgroups a multiprocessor holds at
+# once (CUDA: the 1- and 2-m-tile entry points are built for 4 of 128 threads per SM, GM_MINB). When
+# an unsplit pass over the column blocks would take 2 to _MAX_PASSES waves of resident workgroups,
+# fewer workgroups take the blocks in turn: on the H200 the fused gate+up (768 blocks, M = 16) ran
+# 69.0 us in 768 workgroups and 63.0 us in 384 that take two blocks each. With k splits, halving the
+# splits is the better way to fewer workgroups (4096x4096: 2 splits 18.3 us against 4 splits taking
+# 2 blocks each 24.5), so the loop is only planned for one split (bench/results/gemm_h200_variants.json).
+_CUDA = {"threads": 128, "bn": 32, "chunk": 32, "per_unit": 2.9, "block_loop": True, "resident": 4}
+_HIP = {"threads": 128, "bn": 128, "chunk": 16, "per_unit": 2, "block_loop": False, "resident": 6}
 _MAX_PASSES = 4
 _MIN_CHUNKS = 8
 # Multiprocessors (sm_80 is what H100/H200 run here: 132 SMs; sm_86 84; sm_89 128; gfx1100 96 CUs,
@@ -48,9 +54,9 @@ _UNITS = {"sm_80": 132, "sm_86": 84, "sm_89": 128, "gfx1100": 96, "gfx1151": 40,
 
 @dataclass(frozen=True)
 class GemmPlan:
-    """How the weights [N_g, K] of one dispatch are cut on one arch: grid (col_blocks, splits), where
-    each weight takes ceil(N_g / block_n) column blocks after the previous weight's; KR = K / splits
-    k-values per split."""
+    """How the weights [N_g, K] of one dispatch are cut on one arch: col_blocks column blocks (each
+    weight ceil(N_g / block_n) of them, after the previous weight's) x `splits` k splits of KR = K /
+    splits k-values, on a grid of (grid_x, splits) workgroups, each taking blocks grid_x apart."""
 
     Ns: tuple[int, ...]
     K: int
@@ -146,7 +152,10 @@ def why_unsupported(M: int, N: int, K: int, arch: str) -> str | None:
 
 
 def _weights(N) -> tuple[int, ...]:
-    Ns = (N,) if isinstance(N, int) else tuple(N)
+    """N as a tuple of 1..MAX_WEIGHTS int row counts (an int is one weight); DFlashError otherwise."""
+    Ns = (N,) if isinstance(N, int) else tuple(N) if isinstance(N, (tuple, list)) else None
+    if Ns is None or not all(isinstance(n, int) and not isinstance(n, bool) for n in Ns):
+        raise DFlashError(f"skinny GEMM: the weights' row counts must be an int or a tuple of ints, got {N!r}")
     if not 1 <= len(Ns) <= MAX_WEIGHTS:
         raise DFlashError(f"a skinny-GEMM dispatch takes 1..{MAX_WEIGHTS} weights, got {len(Ns)}")
     return Ns
@@ -156,9 +165,14 @@ def gemm_plan(N, K: int, arch: str, splits: int | None = None) -> GemmPlan:
     """The plan for weights of N rows (an int, or a tuple of 1..3 for one grouped dispatch) and K
     columns on ARCH: the fewest k splits (dividing K into whole chunks) that give at least `per_unit`
     workgroups per multiprocessor over all the weights' column blocks, with at least 8 chunks per
-    split (else the most splits that keep 8 chunks); then, where blocks x splits would run 2 to
-    _MAX_PASSES waves of resident workgroups, as many passes' fewer workgroups. SPLITS overrides
-    (benchmarks only)."""
+    split (else the most splits that keep 8 chunks); then, on CUDA with one split, where the blocks
+    would take 2 to _MAX_PASSES waves of resident workgroups, that many passes of fewer workgroups.
+    SPLITS overrides (benchmarks only). The plan is the same for every M (the numerics contract).
+
+    Raises:
+        DFlashError: an arch without the kernel, more than 3 weights, a row count that is not an
+            int, or SPLITS that do not cut K into whole chunks.
+    """
     b = _backend(arch)
     Ns = _weights(N)
     rounds = K // b["chunk"]
@@ -171,8 +185,8 @@ def gemm_plan(N, K: int, arch: str, splits: int | None = None) -> GemmPlan:
     if splits < 1 or rounds % splits:
         raise DFlashError(f"{splits} splits do not cut K={K} into whole chunks of {b['chunk']}")
     grid_x = col_blocks
-    if b["resident"]:
-        passes = math.ceil(col_blocks * splits / (b["resident"] * _UNITS[arch]))
+    if b["block_loop"] and splits == 1:
+        passes = math.ceil(col_blocks / (b["resident"] * _UNITS[arch]))
         if 1 < passes <= _MAX_PASSES:
             grid_x = math.ceil(col_blocks / passes)
     return GemmPlan(Ns=Ns, K=K, arch=arch, block_n=b["bn"], splits=splits, threads=b["threads"], grid_x=grid_x)
@@ -232,7 +246,8 @@ def gemm_dispatch(M: int, N, K: int, arch: str, *, name: str = "dflash_gemm",
     x_t, c_t = f"tensor<{M}x{K}xbf16>", f"tensor<{cb}xi32>"
     w_t = [f"tensor<{n}x{K}xbf16>" for n in Ns]
     y_t = [f"tensor<{M}x{n}xbf16>" for n in Ns]
-    p_t = f"tensor<{S}x{M}x{plan.N}xf32>" if S > 1 else "tensor<1xf32>"  # split partials (scratch)
+    # Split partials (scratch): each weight's [S, M, N_g] after the previous weight's; only the size counts.
+    p_t = f"tensor<{S}x{M}x{plan.N}xf32>" if S > 1 else "tensor<1xf32>"
     w = ["%w"] if G == 1 else [f"%w{g}" for g in range(G)]
     layout = pipeline_layout(5 + G, 1 + G, 2 * G + 3)
     text = executable_source(f"{name}_mm", entry, arch, obj.name, layout, plan.threads, 2)

@@ -56,9 +56,9 @@
 /* f32 -> bf16 bits, round to nearest even; NaN stays a (quiet) NaN: gpu.h's. */
 #define gm_bf16 kg_bf16
 
-/* One workgroup of the main dispatch (grid (ceil(N / GM_BN), S)). When S == 1, y is bf16[M*N];
- * otherwise part is f32[S*M*N] (split-major scratch) and cnt int32[ceil(N / GM_BN)] is zero on entry
- * and left zero. */
+/* Column block wg_x (of ceil(N / GM_BN)), split wg_y (of S) of one weight, as one workgroup does
+ * it. When S == 1, y is bf16[M*N]; otherwise part is f32[S*M*N] (split-major scratch) and cnt
+ * int32[ceil(N / GM_BN)] is zero on entry and left zero. */
 template <int GM_MT>
 GM_FN void gm_workgroup(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
                         unsigned short* __restrict__ y, float* __restrict__ part, int* cnt, int M, int N, int K,

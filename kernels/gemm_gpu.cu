@@ -5,7 +5,8 @@
  *
  *   dflash_gemm_mt{1,2,3,4}(x bf16[M*K], w bf16[N*K], cnt i32[N / GM_BN], y bf16[M*N], part f32[S*M*N],
  *                           M, K, KR, S, GX, N)                               grid (GX, S, 1)
- *       GX <= N / GM_BN workgroups take the column blocks in turn (gemm_body.h gm_group);
+ *       GX <= N / GM_BN workgroups take the column blocks in turn (gemm_body.h gm_group; only where
+ *       GM_BLOCK_LOOP is 1, CUDA: the gfx objects need GX = the block count);
  *       rows are padded to 16*MT; with S == 1, cnt and part are not touched (any pointer will do);
  *       with S > 1, cnt must be zero on entry (it is left zero) and part is scratch
  *   dflash_gemm{2,3}_mt{1,2,3,4}(x, w0, w1[, w2], cnt, y0, y1[, y2], part, M, K, KR, S, GX, N0, N1[, N2])
@@ -175,7 +176,7 @@ GM_FN float gm_acc_get(const gm_acc* a, int i, int* row, int* col) {
 
 /* One entry point per weight count G and m-tile count MT: dflash_gemm_mt{MT} (G = 1),
  * dflash_gemm2_mt{MT}, dflash_gemm3_mt{MT}. */
-#define GM_U16 unsigned short
+typedef unsigned short GM_U16;
 #define GM_ENTRY1(MT)                                                                                         \
   extern "C" __global__ void GM_LAUNCH(MT) dflash_gemm_mt##MT(const GM_U16* __restrict__ x, const GM_U16* w0, \
                                                                int* cnt, GM_U16* y0, float* part, int M, int K, \
