@@ -15,8 +15,8 @@ replace. What the splices share:
 - `add_functions(module, text)`: parse MLIR module-body text (functions, `hal.executable.source`
   ops, ...) and move its top-level ops into the module; symbols already present are kept, not
   doubled, so a function named per shape is added once however many ops call it.
-- `replace_with_call(op, callee, operands=None, result_types=None)`: replace a torch op by
-  `util.call @callee`. Torch operands are converted with `torch_c.to_builtin_tensor`, the call's
+- `replace_with_call(op, callee, operands=None, result_types=None)`: replace a torch op (or a
+  list of them, whose results the call returns in order) by `util.call @callee`. Torch operands are converted with `torch_c.to_builtin_tensor`, the call's
   results back with `torch_c.from_builtin_tensor`, and the op's uses take the converted results.
   IREE's torch input pipeline accepts `util.call` of a `util.func private` beside the torch ops of
   a `func.func`.
