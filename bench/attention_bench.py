@@ -137,26 +137,32 @@ def _fn(variant: str):
             "sdpa_gt": functools.partial(_sdpa, order="gt"), "sdpa_bias": functools.partial(_sdpa, bias=True)}[variant]
 
 
-def _module(variant: str):
+def layers_module(fn, layers: int = LAYERS, hkv: int = HKV, hd: int = HD, page: int = PAGE):
+    """`fn` (an attention of export/qwen3.py's `attend` signature) over every layer of a KV cache
+    laid out as export/qwen3.py `write_cache` lays it: forward(q [layers, 1, T, Hq, hd] bf16,
+    cache [1, layers, 2, C, hkv * hd] bf16, start [1] int64, pages [P] int8) -> [layers, 1, T, Hq * hd],
+    reading P * page cache rows with the causal mask of tokens at start.. (tests/test_attention.py
+    exports it at tiny sizes)."""
     import torch
     from torch import nn
 
-    fn = _fn(variant)
-
     class Layers(nn.Module):
         def forward(self, q, cache, start, pages):
-            read_len = pages.shape[0] * PAGE
-            T = q.shape[2]
-            positions = start[:, None] + torch.arange(T, dtype=torch.int64)
+            read_len = pages.shape[0] * page
+            positions = start[:, None] + torch.arange(q.shape[2], dtype=torch.int64)
             visible = torch.arange(read_len, dtype=torch.int64)[None, None, :] <= positions[:, :, None]
             outs = []
-            for layer in range(LAYERS):
-                k = cache[:, layer, 0, :read_len].view(1, read_len, HKV, HD)
-                v = cache[:, layer, 1, :read_len].view(1, read_len, HKV, HD)
+            for layer in range(layers):
+                k = cache[:, layer, 0, :read_len].view(1, read_len, hkv, hd)
+                v = cache[:, layer, 1, :read_len].view(1, read_len, hkv, hd)
                 outs.append(fn(q[layer], k, v, visible))
             return torch.stack(outs)
 
     return Layers()
+
+
+def _module(variant: str):
+    return layers_module(_fn(variant))
 
 
 def prepare(arch: str, variants=VARIANTS, rows=ROWS) -> None:

@@ -5,6 +5,8 @@ on the H200 (bench/results/attention_h200_kernel.json)."""
 from __future__ import annotations
 
 import functools
+import importlib.util
+from pathlib import Path
 
 import pytest
 
@@ -46,33 +48,25 @@ def test_compiles_for_gpu_targets(arch):
         assert len(ic.compile_str(standalone_module(d), extra_args=flags + d.flags)) > 10000
 
 
-# export/qwen3.py's attention over the cache, as a module the test exports: T tokens, g query heads per KV head.
+ROOT = Path(__file__).resolve().parents[1]
+# export/qwen3.py's attention over the cache (bench/attention_bench.py layers_module at tiny sizes),
+# as the test exports it: T tokens, g query heads per KV head.
 LAYERS, CONTEXT, HKV, HD, PAGE = 2, 128, 2, 16, 32
 
 
 def _export(tmp_path, T: int, g: int):
     torch = pytest.importorskip("torch")
     aot = pytest.importorskip("iree.turbine.aot")
-    from torch import nn
-
     from dflash_iree.export.qwen3 import attend
 
-    class Layers(nn.Module):
-        def forward(self, q, cache, start, pages):
-            read_len = pages.shape[0] * PAGE
-            positions = start[:, None] + torch.arange(q.shape[2], dtype=torch.int64)
-            visible = torch.arange(read_len, dtype=torch.int64)[None, None, :] <= positions[:, :, None]
-            outs = []
-            for layer in range(LAYERS):
-                k = cache[:, layer, 0, :read_len].view(1, read_len, HKV, HD)
-                v = cache[:, layer, 1, :read_len].view(1, read_len, HKV, HD)
-                outs.append(attend(q[layer], k, v, visible))
-            return torch.stack(outs)
-
+    spec = importlib.util.spec_from_file_location("attention_bench", ROOT / "bench" / "attention_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
     q = torch.zeros(LAYERS, 1, T, HKV * g, HD, dtype=torch.bfloat16)
     cache = torch.zeros(1, LAYERS, 2, CONTEXT, HKV * HD, dtype=torch.bfloat16)
     pages = torch.export.Dim("P", min=1, max=CONTEXT // PAGE)
-    out = aot.export(Layers(), args=(q, cache, torch.tensor([5]), torch.zeros(2, dtype=torch.int8)),
+    module = bench.layers_module(attend, LAYERS, HKV, HD, PAGE)
+    out = aot.export(module, args=(q, cache, torch.tensor([5]), torch.zeros(2, dtype=torch.int8)),
                      dynamic_shapes={"q": None, "cache": None, "start": None, "pages": {0: pages}})
     path = tmp_path / f"attn-t{T}.mlir"
     out.save_mlir(path)
