@@ -157,6 +157,23 @@ def prepare(out: Path, arch: str) -> None:
 # ---------------------------------------------------------------- device side
 
 
+def _to_iree(device, t):
+    """A bf16 torch tensor as an IREE device array (through host memory, bit for bit)."""
+    import iree.runtime as rt
+    import ml_dtypes
+    import torch
+
+    return rt.asdevicearray(device, t.cpu().view(torch.int16).numpy().view(ml_dtypes.bfloat16))
+
+
+def _from_iree(array):
+    """An IREE bf16 device array as a CUDA torch tensor, bit for bit."""
+    import numpy as np
+    import torch
+
+    return torch.from_numpy(np.asarray(array.to_host()).view(np.int16).copy()).view(torch.bfloat16).cuda()
+
+
 def _ulps(a, b):
     """bf16 ulp distance between two bf16 torch tensors (sign-magnitude bits ordered)."""
     import torch
@@ -280,7 +297,6 @@ class Raw:
 
 
 def run(modules: Path | None, ptx_dir: Path | None, out_json: Path | None, shapes=None, ms=None) -> dict:
-    import numpy as np
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -291,7 +307,6 @@ def run(modules: Path | None, ptx_dir: Path | None, out_json: Path | None, shape
     meta = json.loads((modules / "modules.json").read_text()) if modules else None
     if meta:
         import iree.runtime as rt
-        import ml_dtypes
 
         config = rt.Config("cuda")
         rec["arch"] = meta["arch"]
@@ -346,23 +361,21 @@ def run(modules: Path | None, ptx_dir: Path | None, out_json: Path | None, shape
                 ctx.add_vm_module(vm)
                 mod = ctx.modules.module
                 if dws is None:
-                    dws = [rt.asdevicearray(config.device, w.cpu().view(torch.int16).numpy().view(ml_dtypes.bfloat16))
-                           for w in ws]
+                    dws = [_to_iree(config.device, w) for w in ws]
                 X = torch.cat([x] + [torch.randn(M, K, generator=gen, device="cuda").to(torch.bfloat16)
                                      for _ in range(PASSES - 1)])
-                dx = rt.asdevicearray(config.device, X.cpu().view(torch.int16).numpy().view(ml_dtypes.bfloat16))
+                dx = _to_iree(config.device, X)
                 row.update(splits=info["splits"], col_blocks=info["col_blocks"])
                 for arm in ("custom", "default"):
                     once, many = getattr(mod, f"{arm}_once"), getattr(mod, f"{arm}_many")
                     res = once(dx, *dws)
-                    y0 = np.asarray(res[0].to_host()).view(np.int16)
-                    yt = torch.from_numpy(y0.copy()).view(torch.bfloat16).cuda()
+                    yt = _from_iree(res[0])
                     pr = parity(yt, ref, scale)
                     row[f"{arm}_parity"] = pr
                     row[f"{arm}_max_ulp"] = pr["max_ulp"]
                     if arm == "custom":
                         for p in pos:
-                            row_bits.setdefault(p if M > 1 else 0, []).append((M, y0[p].tobytes()))
+                            row_bits.setdefault(p if M > 1 else 0, []).append((M, yt[p].cpu().view(torch.int16).numpy().tobytes()))
                     t1, t2 = [], []
                     # A call returns before the device is done: reading its last (small) result back waits
                     # for it; that constant cost cancels in the difference.
@@ -406,8 +419,6 @@ def run_groups(modules: Path, out_json: Path | None) -> dict:
     bf16 (`parity`), and one probe row of x placed at rows 0 (M=1), 5 (M=8) and 5, 11 (M=16) giving
     bit-identical outputs for every weight, as the numerics contract requires (gemm_body.h)."""
     import iree.runtime as rt
-    import ml_dtypes
-    import numpy as np
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -415,9 +426,6 @@ def run_groups(modules: Path, out_json: Path | None) -> dict:
     config = rt.Config("cuda")
     gen = torch.Generator(device="cuda").manual_seed(1)
     rec = {"arch": meta["arch"], "groups": []}
-
-    def dev(t):
-        return rt.asdevicearray(config.device, t.cpu().view(torch.int16).numpy().view(ml_dtypes.bfloat16))
 
     bits: dict[tuple, list] = {}
     for g in meta["groups"]:
@@ -431,11 +439,11 @@ def run_groups(modules: Path, out_json: Path | None) -> dict:
             x[p] = probe
         ctx = rt.SystemContext(config=config)
         ctx.add_vm_module(rt.VmModule.mmap(config.vm_instance, str(modules / g["file"])))
-        ys = ctx.modules.gemm_check.gemm(dev(x), *[dev(w) for w in ws])
+        ys = ctx.modules.gemm_check.gemm(_to_iree(config.device, x), *[_to_iree(config.device, w) for w in ws])
         ys = ys if isinstance(ys, (list, tuple)) else [ys]
         row = {**{k: g[k] for k in ("M", "Ns", "K", "splits", "grid_x")}, "weights": []}
         for i, (w, y) in enumerate(zip(ws, ys)):
-            yt = torch.from_numpy(np.asarray(y.to_host()).view(np.int16).copy()).view(torch.bfloat16).cuda()
+            yt = _from_iree(y)
             ref = (x.float() @ w.float().t()).to(torch.bfloat16)
             row["weights"].append({"N": Ns[i], **parity(yt, ref, x.float().abs() @ w.float().abs().t())})
             for p in pos:
