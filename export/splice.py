@@ -16,8 +16,9 @@ replace. What the splices share:
   ops, ...) and move its top-level ops into the module; symbols already present are kept, not
   doubled, so a function named per shape is added once however many ops call it.
 - `replace_with_call(op, callee, operands=None, result_types=None)`: replace a torch op (or a
-  list of them, whose results the call returns in order) by `util.call @callee`. Torch operands are converted with `torch_c.to_builtin_tensor`, the call's
-  results back with `torch_c.from_builtin_tensor`, and the op's uses take the converted results.
+  list of them, whose results the call returns in order) by `util.call @callee`. Torch operands
+  are converted with `torch_c.to_builtin_tensor`, the call's results back with
+  `torch_c.from_builtin_tensor`, and the ops' uses take the converted results.
   IREE's torch input pipeline accepts `util.call` of a `util.func private` beside the torch ops of
   a `func.func`.
 - `find_ops(module, name, custom=...)`: the ops to replace, in module order.
@@ -410,11 +411,10 @@ SDPA_OP = "torch.aten.scaled_dot_product_attention"
 
 def _list_ints(value) -> list[int] | None:
     """The ints of a `torch.prim.ListConstruct` of constant ints, else None."""
-    owner = value.owner
-    if getattr(owner, "name", None) != "torch.prim.ListConstruct":
+    if _owner_name(value) != "torch.prim.ListConstruct":
         return None
     try:
-        return [constant_int(v) for v in owner.operands]
+        return [constant_int(v) for v in value.owner.operands]
     except DFlashError:
         return None
 

@@ -44,7 +44,7 @@ MAX_WEIGHTS = 3  # weights of one x in one dispatch (q, k, v)
 # splits is the better way to fewer workgroups (4096x4096: 2 splits 18.3 us against 4 splits taking
 # 2 blocks each 24.5), so the loop is only planned for one split (bench/results/gemm_h200_variants.json).
 _CUDA = {"threads": 128, "bn": 32, "chunk": 32, "per_unit": 2.9, "block_loop": True, "resident": 4}
-_HIP = {"threads": 128, "bn": 128, "chunk": 16, "per_unit": 2, "block_loop": False, "resident": 6}
+_HIP = {"threads": 128, "bn": 128, "chunk": 16, "per_unit": 2, "block_loop": False}
 _MAX_PASSES = 4
 _MIN_CHUNKS = 8
 # Multiprocessors (sm_80 is what H100/H200 run here: 132 SMs; sm_86 84; sm_89 128; gfx1100 96 CUs,
@@ -72,7 +72,7 @@ class GemmPlan:
 
     @property
     def col_blocks(self) -> int:
-        return sum(math.ceil(n / self.block_n) for n in self.Ns)
+        return _col_blocks(self.Ns, self.block_n)
 
     @property
     def passes(self) -> int:
@@ -151,6 +151,11 @@ def why_unsupported(M: int, N: int, K: int, arch: str) -> str | None:
     return None
 
 
+def _col_blocks(Ns: tuple[int, ...], block_n: int) -> int:
+    """Column blocks of the weights of Ns rows, each weight's own after the previous weight's."""
+    return sum(math.ceil(n / block_n) for n in Ns)
+
+
 def _weights(N) -> tuple[int, ...]:
     """N as a tuple of 1..MAX_WEIGHTS int row counts (an int is one weight); DFlashError otherwise."""
     Ns = (N,) if isinstance(N, int) else tuple(N) if isinstance(N, (tuple, list)) else None
@@ -176,7 +181,7 @@ def gemm_plan(N, K: int, arch: str, splits: int | None = None) -> GemmPlan:
     b = _backend(arch)
     Ns = _weights(N)
     rounds = K // b["chunk"]
-    col_blocks = sum(math.ceil(n / b["bn"]) for n in Ns)
+    col_blocks = _col_blocks(Ns, b["bn"])
     if splits is None:
         target = b["per_unit"] * _UNITS[arch]
         most = max(1, rounds // _MIN_CHUNKS)  # a split keeps at least _MIN_CHUNKS chunks
