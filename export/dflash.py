@@ -25,7 +25,7 @@ from torch import nn
 from dflash_iree.config import DrafterConfig
 
 from .ops import top_k_per_stream
-from .qwen3 import MLP, Attention, Qwen3, RMSNorm, attention_fn, rope_tables, write_cache
+from .qwen3 import MLP, Attention, Qwen3, RMSNorm, attention_fn, cache_rows, rope_tables, write_cache
 from .sampling import argmax
 
 
@@ -35,7 +35,7 @@ class DrafterLayer(nn.Module):
     def __init__(self, cfg: DrafterConfig, dtype=None, device=None, attention: str = "fused"):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
-        self.self_attn = Attention(cfg, dtype, device)
+        self.self_attn = Attention(cfg, dtype, device, attention)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
         self.mlp = MLP(cfg, dtype, device)
         self.attention = attention
@@ -88,9 +88,10 @@ class DFlashDrafter(nn.Module):
         positions = start[:, None] + torch.arange(R, dtype=torch.int64, device=taps.device)
         ctx = self.hidden_norm(self.fc(taps.to(self.fc.weight.dtype)))
         cos, sin = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta, ctx.dtype)
+        rows = cache_rows(self.ctx_cache, positions)
         for i, layer in enumerate(self.layers):
             k, v = layer.self_attn.key_value(ctx, cos, sin)
-            write_cache(self.ctx_cache, i, positions, k, v)
+            write_cache(self.ctx_cache, rows[i], k, v)
 
     def forward(self, target: Qwen3, taps: torch.Tensor, ctx_start: torch.Tensor, n_valid: torch.Tensor,
                 anchor: torch.Tensor, read_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:

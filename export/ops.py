@@ -6,6 +6,8 @@ keeps it as one node, the FX importer writes it as `torch.operator "torch.dflash
 export/splice.py replaces it per arch with the dispatch of kernels/.
 
 - `dflash::topk_logprobs(logits, temperature, k)`: the draft top-K (kernels/topk.py).
+- `dflash::head_norm_rope(x, weight, cos, sin, eps)`: Qwen3's per-head q_norm / k_norm and RoPE
+  (kernels/norm_rope.py), in the exported GPU form only (export/qwen3.py `norm_rope`).
 """
 
 from __future__ import annotations
@@ -49,3 +51,25 @@ def top_k_per_stream(logits: torch.Tensor, temperature: torch.Tensor, k: int) ->
     """
     rows = [topk_logprobs(logits[s], temperature[s], k) for s in range(logits.shape[0])]
     return torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows])
+
+
+@torch.library.custom_op("dflash::head_norm_rope", mutates_args=())
+def head_norm_rope(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   eps: float) -> torch.Tensor:
+    """`apply_rope(rms_norm(x, weight, eps), cos, sin)` of export/qwen3.py, as one op.
+
+    Args:
+        x: [S, T, H, hd]; weight: [hd]; cos, sin: [S, T, hd]; all of one dtype (f32, bf16, f16).
+        eps: the RMSNorm epsilon.
+
+    Returns:
+        [S, T, H, hd] in x's dtype.
+    """
+    from .qwen3 import apply_rope, rms_norm  # qwen3 imports this module
+
+    return apply_rope(rms_norm(x, weight, eps), cos, sin)
+
+
+@head_norm_rope.register_fake
+def _head_norm_rope_fake(x, weight, cos, sin, eps):
+    return torch.empty_like(x)

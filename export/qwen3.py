@@ -22,11 +22,20 @@ from torch import nn
 
 from dflash_iree.config import LayerShape, TargetConfig
 
+from .ops import head_norm_rope
 from .sampling import Sampling, choose_tokens
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm computed in float32 and cast back, then scaled in x's dtype, as HF's Qwen3RMSNorm.
+    x: [..., dim]; weight: [dim]."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
 class RMSNorm(nn.Module):
-    """RMSNorm computed in float32 and cast back, as HF's Qwen3RMSNorm. x: [..., dim]."""
+    """`rms_norm` with its weight. x: [..., dim]."""
 
     def __init__(self, dim: int, eps: float, dtype=None, device=None):
         super().__init__()
@@ -34,9 +43,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 class MLP(nn.Module):
@@ -66,6 +73,19 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
     return x * cos[:, :, None] + rotated * sin[:, :, None]
+
+
+def norm_rope(norm: RMSNorm, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention: str) -> torch.Tensor:
+    """`apply_rope(norm(x), cos, sin)`: q_norm / k_norm and RoPE of x [S, T, H, hd] (cos, sin [S, T, hd]).
+
+    Exported in the "fused" (GPU) form as the custom op `dflash::head_norm_rope` (export/ops.py),
+    which export/splice.py replaces with one dispatch (kernels/norm_rope.py) where IREE's own
+    lowering takes five: in decode each is a launch on the host's critical path. Eager runs (the
+    reference, training) and the CPU form compute it op by op.
+    """
+    if attention == "fused" and torch.compiler.is_exporting():
+        return head_norm_rope(x, norm.weight, cos, sin, norm.eps)
+    return apply_rope(norm(x), cos, sin)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
@@ -117,7 +137,7 @@ def attend_matmul(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: to
     return out.permute(0, 3, 1, 2, 4).reshape(S, T, Hq * hd)
 
 
-ATTENTION = ("fused", "matmul")  # `attention` of the models: `attend`, or `attend_matmul`
+ATTENTION = ("fused", "matmul")  # `attention` of the models: `attend` (+ `norm_rope`'s custom op), or `attend_matmul`
 
 
 def attention_fn(attention: str):
@@ -131,10 +151,11 @@ def attention_fn(attention: str):
 class Attention(nn.Module):
     """Qwen3 attention projections with per-head q_norm / k_norm (shared by target and drafter)."""
 
-    def __init__(self, cfg: LayerShape, dtype=None, device=None):
+    def __init__(self, cfg: LayerShape, dtype=None, device=None, attention: str = "fused"):
         super().__init__()
         kw = dict(bias=cfg.attention_bias, dtype=dtype, device=device)
         self.cfg = cfg
+        self.attention = attention
         self.q_proj = nn.Linear(cfg.hidden_size, cfg.q_dim, **kw)
         self.k_proj = nn.Linear(cfg.hidden_size, cfg.kv_dim, **kw)
         self.v_proj = nn.Linear(cfg.hidden_size, cfg.kv_dim, **kw)
@@ -145,26 +166,38 @@ class Attention(nn.Module):
     def query(self, x: torch.Tensor, cos, sin) -> torch.Tensor:
         """x [S, T, hidden] -> rotated q [S, T, Hq, hd]."""
         S, T, _ = x.shape
-        return apply_rope(self.q_norm(self.q_proj(x).view(S, T, self.cfg.num_attention_heads, self.cfg.head_dim)), cos, sin)
+        q = self.q_proj(x).view(S, T, self.cfg.num_attention_heads, self.cfg.head_dim)
+        return norm_rope(self.q_norm, q, cos, sin, self.attention)
 
     def key_value(self, x: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
         """x [S, T, hidden] -> rotated k and v, each [S, T, Hkv, hd]."""
         S, T, _ = x.shape
         shape = (S, T, self.cfg.num_key_value_heads, self.cfg.head_dim)
-        k = apply_rope(self.k_norm(self.k_proj(x).view(shape)), cos, sin)
+        k = norm_rope(self.k_norm, self.k_proj(x).view(shape), cos, sin, self.attention)
         return k, self.v_proj(x).view(shape)
 
 
-def write_cache(cache: torch.Tensor, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """Write k, v [S, T, Hkv, hd] into cache [S, L, 2, C, kv_dim] at int64 positions [S, T], in place.
+def cache_rows(cache: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """The rows of cache [S, L, 2, C, kv_dim]'s flat [S*L*2*C, kv_dim] view that hold the keys and
+    values of int64 positions [S, T]: int64 [L, S*2T], per layer the keys' T rows then the values'
+    T rows of each stream. Computed once a step for every layer, so that a layer's write indexes a
+    slice of it instead of running an index dispatch of its own.
+    """
+    S, L, _, C, _ = cache.shape
+    streams = torch.arange(S, dtype=torch.int64, device=positions.device)[:, None]
+    layers = torch.arange(L, dtype=torch.int64, device=positions.device)[None, :]
+    at = ((streams * L + layers) * 2 * C)[:, :, None] + positions[:, None, :]  # S, L, T
+    return torch.cat([at, at + C], 2).transpose(0, 1).reshape(L, -1)
+
+
+def write_cache(cache: torch.Tensor, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Write k, v [S, T, Hkv, hd] into cache [S, L, 2, C, kv_dim] at one layer's `cache_rows` [S*2T], in place.
 
     One `index_copy_` on a flat [S*L*2*C, kv_dim] view: the form IREE compiles into an in-place
     update of a mutable global.
     """
     S, L, _, C, D = cache.shape
-    T = positions.shape[1]
-    base = (torch.arange(S, dtype=torch.int64, device=positions.device)[:, None] * L + layer) * 2 * C
-    rows = torch.cat([base + positions, base + C + positions], 1).reshape(-1)  # S*2T
+    T = k.shape[1]
     values = torch.cat([k.reshape(S, T, D), v.reshape(S, T, D)], 1).reshape(S * 2 * T, D)
     cache.view(S * L * 2 * C, D).index_copy_(0, rows, values.to(cache.dtype))
 
@@ -175,19 +208,21 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: LayerShape, dtype=None, device=None, attention: str = "fused"):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
-        self.self_attn = Attention(cfg, dtype, device)
+        self.self_attn = Attention(cfg, dtype, device, attention)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
         self.mlp = MLP(cfg, dtype, device)
         self.attention = attention
 
-    def forward(self, x, cos, sin, positions, cache: torch.Tensor | None, layer: int, read_len: int) -> torch.Tensor:
+    def forward(self, x, cos, sin, positions, cache: torch.Tensor | None, layer: int, read_len: int,
+                rows: torch.Tensor | None = None) -> torch.Tensor:
+        """rows: `cache_rows(cache, positions)` when there is a cache."""
         h = self.input_layernorm(x)
         q = self.self_attn.query(h, cos, sin)
         k, v = self.self_attn.key_value(h, cos, sin)
         if cache is None:  # training: attend within the block only
             keys, values, key_pos = k, v, positions[:, None, :]
         else:
-            write_cache(cache, layer, positions, k, v)
+            write_cache(cache, rows[layer], k, v)
             S, hkv, hd = cache.shape[0], k.shape[2], k.shape[3]
             keys = cache[:, layer, 0, :read_len].view(S, read_len, hkv, hd)
             values = cache[:, layer, 1, :read_len].view(S, read_len, hkv, hd)
@@ -217,8 +252,8 @@ class Qwen3(nn.Module):
         streams: leading stream dimension S of the cache (1 for now).
         dtype: parameter and cache dtype (torch.bfloat16, float16, float32).
         device: "meta" builds the structure without memory (export of large shapes).
-        attention: "fused" (`attend`, for GPUs) or "matmul" (`attend_matmul`, for CPUs); the same
-            function either way.
+        attention: "fused" (`attend`, and when exported the norm + rope custom op of `norm_rope`,
+            for GPUs) or "matmul" (`attend_matmul`, for CPUs); the same function either way.
     """
 
     def __init__(self, cfg: TargetConfig, max_context: int, tap_layer_ids=(), streams: int = 1,
@@ -263,8 +298,10 @@ class Qwen3(nn.Module):
         x = self.model.embed_tokens(tokens)
         cos, sin = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
         taps = {}
+        cache = self.kv_cache if use_cache else None
+        rows = cache_rows(cache, positions) if use_cache else None
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, positions, self.kv_cache if use_cache else None, i, read_len)
+            x = layer(x, cos, sin, positions, cache, i, read_len, rows)
             if i in self.tap_layer_ids:
                 taps[i] = x
         h = self.model.norm(x)

@@ -522,9 +522,67 @@ def splice_attention(module, arch: str, min_rows: int = ATTENTION_MIN_ROWS) -> l
     return flags
 
 
+NORM_ROPE_OP = "torch.dflash.head_norm_rope"  # the custom op of export/ops.py
+
+
+def constant_float(value) -> float:
+    """The number of a `torch.constant.float` result. Raises DFlashError for any other value."""
+    from iree.compiler import ir
+
+    owner = value.owner
+    if getattr(owner, "name", None) != "torch.constant.float":
+        raise DFlashError(f"splice: {value.get_name()} is not a torch.constant.float in the exported module")
+    return ir.FloatAttr(owner.attributes["value"]).value
+
+
+def splice_norm_rope(module, arch: str) -> list[str] | None:
+    """Replace every `torch.dflash.head_norm_rope` op (x [S, T, H, hd], weight [hd], cos, sin [S, T, hd],
+    eps) with the head norm + rope dispatch for ARCH (kernels/norm_rope.py), one function per shape,
+    dtype and eps, named `dflash_norm_rope_{S}x{T}x{H}x{hd}_{dtype}_{eps bits}` (T: "D" when dynamic).
+
+    Records (S, T, H, head_dim, dtype, count) per shape in `last_report()["norm_rope"]`. Returns the
+    flags the dispatch needs, or None when there was no such op.
+
+    Raises:
+        DFlashError: operands of another rank or of mixed dtypes, eps not a constant, or what
+            `norm_rope_dispatch` refuses (an arch without the kernel, such as host, an odd head_dim).
+    """
+    from dflash_iree.kernels.attention import f32_bits
+    from dflash_iree.kernels.norm_rope import norm_rope_dispatch
+
+    ops = find_ops(module, "torch.operator", NORM_ROPE_OP)
+    if not ops:
+        return None
+    flags: list[str] = []
+    counts: dict[tuple, int] = {}
+    for op in ops:
+        x, weight, cos, sin, eps = op.operands
+        dims = builtin_type(x.type)[len("tensor<"):-1].split("x")
+        if len(dims) != 5 or "?" in (dims[0], dims[2], dims[3]):
+            raise DFlashError(f"splice: {NORM_ROPE_OP} takes x [S, T, H, hd] with static S, H, hd, got {x.type}")
+        S, H, D, dtype = int(dims[0]), int(dims[2]), int(dims[3]), dims[4]
+        T = None if dims[1] == "?" else int(dims[1])
+        e = constant_float(eps)
+        name = f"dflash_norm_rope_{S}x{'D' if T is None else T}x{H}x{D}_{dtype}_{f32_bits(e):08x}"
+        d = norm_rope_dispatch(S, T, H, D, dtype, e, arch, name=name)
+        got = [builtin_type(v.type) for v in (x, weight, cos, sin)]
+        if got != list(d.types[:2]) + [d.types[2]] * 2:
+            raise DFlashError(f"splice: {NORM_ROPE_OP} operands {', '.join(got)} are not x [S, T, H, hd], "
+                              f"weight [hd], cos and sin [S, T, hd] of one dtype")
+        add_functions(module, d.mlir)
+        replace_with_call(op, d.func, [x, weight, cos, sin])
+        flags += [f for f in d.flags if f not in flags]
+        key = (S, T, H, D, dtype)
+        counts[key] = counts.get(key, 0) + 1
+    _REPORT["norm_rope"] = [{"S": S, "T": T, "H": H, "head_dim": D, "dtype": dt, "ops": c}
+                            for (S, T, H, D, dt), c in sorted(counts.items(), key=lambda kv: str(kv[0]))]
+    return flags
+
+
 # name -> splice; run in this order by `splice_file`.
 SPLICES: dict[str, Callable[[object, str], list[str] | None]] = {"topk": splice_topk, "gemm": splice_gemm,
-                                                                  "attention": splice_attention}
+                                                                  "attention": splice_attention,
+                                                                  "norm_rope": splice_norm_rope}
 
 
 def splice_file(src: str | Path, dst: str | Path, arch: str, splices: dict | None = None) -> tuple[Path, list[str]]:

@@ -33,7 +33,7 @@ CLANG, LLD = "clang-19", "ld.lld-19"
 PINNED = "19.1.7"
 PTX_ISA = "7.8"
 SOURCES = ("topk_body.h", "topk_gpu.cu", "topk_cpu.c", "gemm_body.h", "gemm_gpu.cu", "gpu.h", "attention_body.h",
-           "attention_gpu.cu")
+           "attention_gpu.cu", "norm_rope_body.h", "norm_rope_gpu.cu")
 
 # Embedded-ELF objects: no libc or builtins to call, no stack protector (no TLS), and the fast-math
 # subset that lets clang vectorize the exp sum (reassociation), without assuming finite values
@@ -68,6 +68,14 @@ def targets() -> dict[str, tuple[str, list[str]]]:
     for arch in ("gfx1030", "gfx1100", "gfx1151", "gfx1201"):
         out[f"attention_{arch}.co"] = (arch, [a if a != "topk_gpu.cu" else "attention_gpu.cu"
                                               for a in out[f"topk_{arch}.co"][1]])
+    # The head norm + rope (norm_rope_gpu.cu): every GPU arch; no contracted multiply-adds, so that each
+    # product rounds as the eager ops' do (norm_rope_body.h).
+    for arch in ("sm_80", "sm_86", "sm_89"):
+        out[f"norm_rope_{arch}.ptx"] = (arch, [a for a in out[f"topk_{arch}.ptx"][1] if a != "topk_gpu.cu"]
+                                        + ["-ffp-contract=off", "norm_rope_gpu.cu"])
+    for arch in ("gfx1030", "gfx1100", "gfx1151", "gfx1201"):
+        out[f"norm_rope_{arch}.co"] = (arch, [a for a in out[f"topk_{arch}.co"][1] if a != "topk_gpu.cu"]
+                                       + ["-ffp-contract=off", "norm_rope_gpu.cu"])
     out["topk_x86_64.o"] = ("host", ["--target=x86_64-unknown-unknown-eabi-elf", "-march=x86-64-v3", *_CPU_FLAGS,
                                      "-c", "topk_cpu.c"])
     out["topk_arm_64.o"] = ("host-arm_64", ["--target=aarch64-none-elf", "-march=armv8-a", *_CPU_FLAGS,

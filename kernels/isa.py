@@ -16,12 +16,16 @@ from pathlib import Path
 KERNELS = ("dflash_topk_partial", "dflash_topk_merge")
 GEMM_KERNELS = tuple(f"dflash_gemm{g}_mt{mt}" for g in ("", "2", "3") for mt in (1, 2, 3, 4)) + ("dflash_gemm_reduce",)
 ATTENTION_KERNELS = ("dflash_attention",)
+NORM_ROPE_KERNELS = ("dflash_norm_rope",)
 
 
 def kernels_of(name: str) -> tuple[str, ...]:
-    """The entry points an object file must hold, from its name (topk_*, gemm_* or attention_*)."""
+    """The entry points an object file must hold, from its name (topk_*, gemm_*, attention_* or norm_rope_*)."""
     stem = Path(name).name
-    return GEMM_KERNELS if stem.startswith("gemm_") else ATTENTION_KERNELS if stem.startswith("attention_") else KERNELS
+    for prefix, kernels in (("gemm_", GEMM_KERNELS), ("attention_", ATTENTION_KERNELS), ("norm_rope_", NORM_ROPE_KERNELS)):
+        if stem.startswith(prefix):
+            return kernels
+    return KERNELS
 EM_AMDGPU, EM_X86_64, EM_AARCH64 = 224, 62, 183
 NT_AMDGPU_METADATA = 32
 # EF_AMDGPU_MACH (e_flags & 0xff) per chip, from LLVM's AMDGPUUsage table.

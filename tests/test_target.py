@@ -86,3 +86,19 @@ def test_bf16_close_to_transformers(target_dir):
     assert ours.lm_head.weight.dtype == torch.bfloat16
     # bf16 has 8 bits of mantissa: compare against the logits' scale, not float32 rounding
     assert (logits - ref).abs().max().item() < 0.1 * ref.abs().max().item()
+
+
+def test_write_cache_places_keys_and_values():
+    """`cache_rows` + `write_cache` put each stream's k and v rows at its positions in the right layer, nothing else."""
+    from dflash_iree.export.qwen3 import cache_rows, write_cache
+
+    S, L, C, H, hd = 2, 3, 10, 2, 4
+    cache = torch.zeros(S, L, 2, C, H * hd)
+    positions = torch.tensor([[1, 2], [6, 7]])
+    k, v = torch.randn(S, 2, H, hd), torch.randn(S, 2, H, hd)
+    write_cache(cache, cache_rows(cache, positions)[1], k, v)
+    want = torch.zeros_like(cache)
+    for s in range(S):
+        want[s, 1, 0, positions[s]] = k[s].reshape(2, -1)
+        want[s, 1, 1, positions[s]] = v[s].reshape(2, -1)
+    assert torch.equal(cache, want)

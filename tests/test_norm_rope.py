@@ -1,0 +1,131 @@
+"""The head norm + rope dispatch (kernels/norm_rope_*): objects, MLIR, refusals, the custom op of the
+export and its splice. The kernel runs only on a GPU: its bit parity with the eager ops is
+bench/norm_rope_check.py on the H200 (bench/results/norm_rope_h200.json)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dflash_iree.errors import DFlashError
+from dflash_iree.kernels.isa import NORM_ROPE_KERNELS, inspect_object
+from dflash_iree.kernels.norm_rope import ARCHS, norm_rope_dispatch, object_file, standalone_module
+
+H, HD = 4, 16
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_objects_are_sound(arch):
+    """Every GPU arch's object holds the entry point: gfx with no scratch and no spills, PTX 7.8 with no local memory."""
+    assert inspect_object(object_file(arch), arch, NORM_ROPE_KERNELS) == []
+
+
+@pytest.mark.parametrize("args,match", [((1, 4, 8, 128, "bf16", 1e-6, "host"), "no head norm \\+ rope kernel"),
+                                        ((1, 4, 8, 15, "bf16", 1e-6, "sm_80"), "head_dim 15"),
+                                        ((1, 4, 8, 128, "f64", 1e-6, "gfx1151"), "dtype f64")])
+def test_refusals(args, match):
+    with pytest.raises(DFlashError, match=match):
+        norm_rope_dispatch(*args)
+
+
+def test_mlir():
+    static = norm_rope_dispatch(1, 16, 32, 128, "bf16", 1e-6, "sm_80", name="nr")
+    assert "@nr_exe::@dflash_norm_rope[%n]" in static.mlir and "%n = arith.constant 512 : index" in static.mlir
+    assert static.types == ("tensor<1x16x32x128xbf16>", "tensor<128xbf16>", "tensor<1x16x128xbf16>")
+    dynamic = norm_rope_dispatch(2, None, 8, 64, "f32", 1e-5, "gfx1151", name="nr")
+    assert "tensor<2x?x8x64xf32>{%t}" in dynamic.mlir and "%sh = arith.constant 16 : index" in dynamic.mlir
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "gfx1151", "gfx1030"])
+def test_compiles_for_gpu_targets(arch):
+    ic = pytest.importorskip("iree.compiler")
+    from dflash_iree.export.compile import compile_flags, resolve_arch
+
+    flags = [f for f in compile_flags(resolve_arch(arch)[0]) if "opt-level" not in f]
+    for args in [(1, 16, 32, 128, "bf16"), (1, None, 8, 128, "f16"), (2, 3, 4, 16, "f32")]:
+        d = norm_rope_dispatch(*args, 1e-6, arch)
+        assert len(ic.compile_str(standalone_module(d), extra_args=flags + d.flags)) > 10000
+
+
+def _module(attention: str):
+    import torch
+
+    from dflash_iree.export.qwen3 import RMSNorm, norm_rope
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = RMSNorm(HD, 1e-6)
+            with torch.no_grad():
+                self.norm.weight.copy_(torch.linspace(0.5, 1.5, HD))
+
+        def forward(self, x, cos, sin):
+            return norm_rope(self.norm, x, cos, sin, attention)
+
+    return M().eval()
+
+
+def _inputs(T: int = 3):
+    import torch
+
+    from dflash_iree.export.qwen3 import rope_tables
+
+    g = torch.Generator().manual_seed(0)
+    cos, sin = rope_tables(torch.arange(T)[None] + 7, HD, 1e6, torch.float32)
+    return torch.randn(1, T, H, HD, generator=g), cos, sin
+
+
+def test_eager_forms_agree():
+    """Eager, every form computes apply_rope(norm(x)) op by op; the custom op's eager body is the same math."""
+    torch = pytest.importorskip("torch")
+    from dflash_iree.export.ops import head_norm_rope
+    from dflash_iree.export.qwen3 import apply_rope
+
+    x, cos, sin = _inputs()
+    m = _module("fused")
+    want = apply_rope(m.norm(x), cos, sin)
+    assert torch.equal(m(x, cos, sin), want) and torch.equal(_module("matmul")(x, cos, sin), want)
+    assert torch.equal(head_norm_rope(x, m.norm.weight, cos, sin, m.norm.eps), want)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """The module exported in each form, with a dynamic token count."""
+    torch = pytest.importorskip("torch")
+    aot = pytest.importorskip("iree.turbine.aot")
+    tmp = tmp_path_factory.mktemp("norm_rope")
+    T = torch.export.Dim("T", min=1, max=64)
+    out = {}
+    for form in ("fused", "matmul"):
+        e = aot.export(_module(form), args=_inputs(), dynamic_shapes={"x": {1: T}, "cos": {1: T}, "sin": {1: T}})
+        out[form] = tmp / f"{form}.mlir"
+        e.save_mlir(out[form])
+    return out
+
+
+def test_only_the_gpu_form_exports_the_op(exported):
+    from dflash_iree.export.splice import NORM_ROPE_OP
+
+    assert NORM_ROPE_OP in exported["fused"].read_text() and NORM_ROPE_OP not in exported["matmul"].read_text()
+
+
+def test_splice_takes_the_op(exported, tmp_path):
+    ic = pytest.importorskip("iree.compiler")
+    from dflash_iree.export import splice
+    from dflash_iree.export.compile import compile_flags, resolve_arch
+
+    out, flags = splice.splice_file(exported["fused"], tmp_path / "s.mlirbc", "sm_80",
+                                    {"norm_rope": splice.splice_norm_rope})
+    text = str(splice.load(out))
+    assert splice.NORM_ROPE_OP not in text and text.count("util.call @dflash_norm_rope_1xDx4x16_f32_358637bd") == 1
+    assert splice.last_report() == {"norm_rope": [{"S": 1, "T": None, "H": H, "head_dim": HD, "dtype": "f32", "ops": 1}]}
+    extra = [f for f in compile_flags(resolve_arch("sm_80")[0]) if "opt-level" not in f]
+    assert len(ic.compile_file(str(out), extra_args=extra + flags)) > 10000
+
+
+def test_splice_refuses_the_host(exported, tmp_path):
+    """The CPU form never exports the op; forced onto the host, the splice names the missing kernel."""
+    pytest.importorskip("iree.compiler")
+    from dflash_iree.export import splice
+
+    with pytest.raises(DFlashError, match="no head norm \\+ rope kernel for arch 'host'"):
+        splice.splice_file(exported["fused"], tmp_path / "s.mlirbc", "host", {"norm_rope": splice.splice_norm_rope})
