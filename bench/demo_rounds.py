@@ -7,13 +7,15 @@
 
 `prepare --attention fused|matmul` builds the variants with that attention form (export/qwen3.py
 `attend` / `attend_matmul`) in place of the arch's own (folders `demo-VARIANT-ATTENTION-ARCH`,
-`run --variants VARIANT-ATTENTION`), to compare the two on a backend. The results file
+`run --variants VARIANT-ATTENTION`), to compare the two on a GPU backend (the fused form also exports
+the q/k norm + rope custom op, which has a kernel on GPU archs only). The results file
 `demo_rounds_host_attention.json` was made when the host still exported the fused form by default:
 its `gemm4m` is the fused form, `gemm4m-matmul` the matmul one.
 
 Variants (export/splice.py): `gemm`, every bf16 weight matmul with 2 <= M <= 64 on the skinny-GEMM
 dispatch; `gemm4m`, only weights of at least 4 MiB (here just the 6 MiB lm_head; the default since
-this bench, GEMM_MIN_WEIGHT_BYTES); `none`, no GEMM splice (the top-K splice stays in all three).
+this bench, GEMM_MIN_WEIGHT_BYTES); `none`, no GEMM splice (the top-K and norm + rope splices stay
+in all three; `gemm` and `none` leave verify's attention to IREE).
 
 `run`, per variant, in one process: the three arms alternated per prompt (rotating their order),
 greedy, over the code prompts; the tokens of both drafted arms against plain decoding through the
@@ -38,11 +40,12 @@ ARMS = ("plain", "two_calls", "fused")
 
 
 def _variants() -> dict:
-    from dflash_iree.export.splice import SPLICES, splice_gemm, splice_topk
+    from dflash_iree.export.splice import SPLICES, splice_gemm, splice_norm_rope, splice_topk
 
-    return {"gemm": {"topk": splice_topk, "gemm": functools.partial(splice_gemm, min_weight_bytes=0)},
+    keep = {"topk": splice_topk, "norm_rope": splice_norm_rope}  # the custom ops must be replaced
+    return {"gemm": {**keep, "gemm": functools.partial(splice_gemm, min_weight_bytes=0)},
             "gemm4m": SPLICES,
-            "none": {"topk": splice_topk}}
+            "none": keep}
 
 
 def folder(variant: str, arch: str) -> Path:

@@ -11,7 +11,7 @@ two sum the squares in different orders, so the f32 scale may round differently 
 normed value by one ulp (and each product after it by about as much); the rope's sum y*cos - y'*sin can cancel and carry that one ulp of each
 term into many ulps of a small result. So an element passes at <= 1 ulp, or within 4 ulps of each
 term's magnitude: |err| <= 4 eps (|y cos| + |y' sin|), with y the eager normed value; anything
-more is a bug. (Measured: bf16 and f16 bit-equal but 1 element in 600k at 1 ulp; f32 is where the
+more is a bug. (Measured: bf16 and f16 bit-equal but 1 element in about 500k at 1 ulp; f32 is where the
 cancellation shows.)
 """
 

@@ -44,6 +44,9 @@ def pack(wheels: Path, out: Path) -> int:
 def pack_artifacts(names: list[str], out: Path) -> int:
     """Write the files under .gpu/NAME for each name into `out` (paths relative to .gpu); returns its size."""
     work = ROOT / ".gpu"
+    missing = [n for n in names if not (work / n).exists()]
+    if missing:
+        raise SystemExit(f"not in {work}: {', '.join(missing)}")
     tmp = out.with_suffix(".partial")
     with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as dst:
         for name in names:

@@ -29,6 +29,7 @@ from dflash_iree.checkpoint import sha256_file
 from dflash_iree.config import DrafterConfig, TargetConfig, config_hash, load_drafter_config, load_target_config
 from dflash_iree.errors import DFlashError
 from dflash_iree.export.splice import last_report, splice_file
+from dflash_iree.kernels.norm_rope import ARCHS as NORM_ROPE_ARCHS
 
 FORMAT_VERSION = 1
 MODULE_FILE = "dflash.vmfb"
@@ -475,6 +476,9 @@ def compile_artifacts(arch: str, target_dir, drafter_dir, out_dir=None, block_si
     resolved, note = resolve_arch(arch)
     if note:
         log(f"note: {note}")
+    if (attention or resolved.attention) == "fused" and resolved.name not in NORM_ROPE_ARCHS:
+        raise DFlashError(f"attention form 'fused' exports the q/k norm + rope custom op, which has a kernel on GPU "
+                          f"archs only ({', '.join(NORM_ROPE_ARCHS)}), not {resolved.name}: compile the 'matmul' form")
     p = plan(target_dir, drafter_dir, block_size, max_context, dtype, streams, sampled, draft_top_k,
              attention or resolved.attention)
     out = Path(out_dir) if out_dir else Path("compiled") / resolved.name

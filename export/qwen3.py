@@ -215,14 +215,14 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, cos, sin, positions, cache: torch.Tensor | None, layer: int, read_len: int,
                 rows: torch.Tensor | None = None) -> torch.Tensor:
-        """rows: `cache_rows(cache, positions)` when there is a cache."""
+        """rows: this layer's `cache_rows(cache, positions)[layer]` (computed here when None)."""
         h = self.input_layernorm(x)
         q = self.self_attn.query(h, cos, sin)
         k, v = self.self_attn.key_value(h, cos, sin)
         if cache is None:  # training: attend within the block only
             keys, values, key_pos = k, v, positions[:, None, :]
         else:
-            write_cache(cache, rows[layer], k, v)
+            write_cache(cache, cache_rows(cache, positions)[layer] if rows is None else rows, k, v)
             S, hkv, hd = cache.shape[0], k.shape[2], k.shape[3]
             keys = cache[:, layer, 0, :read_len].view(S, read_len, hkv, hd)
             values = cache[:, layer, 1, :read_len].view(S, read_len, hkv, hd)
@@ -301,7 +301,7 @@ class Qwen3(nn.Module):
         cache = self.kv_cache if use_cache else None
         rows = cache_rows(cache, positions) if use_cache else None
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, positions, cache, i, read_len, rows)
+            x = layer(x, cos, sin, positions, cache, i, read_len, None if rows is None else rows[i])
             if i in self.tap_layer_ids:
                 taps[i] = x
         h = self.model.norm(x)

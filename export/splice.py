@@ -43,6 +43,13 @@ The splices:
   attention of kernels/attention.py, `attention_dispatch(S, Hkv, R, hd, L, C, arch)`, which reads the
   whole cache in place with the layer as an argument.
 
+- `splice_norm_rope` (every GPU arch): `torch.operator "torch.dflash.head_norm_rope"(x [S, T, H, hd],
+  weight [hd], cos, sin [S, T, hd], eps)` (the custom op of export/ops.py, exported by the GPU form
+  only) -> the head norm + rope dispatch of kernels/norm_rope.py, one per shape, dtype and eps, named
+  `dflash_norm_rope_{S}x{T}x{H}x{hd}_{dtype}_{eps bits}` (T "D" when dynamic).
+
+A custom op left after the splices (a `splices` dict without its splice) is refused by `splice_file`.
+
 `last_report()` says what the last `splice_file` replaced, per splice (the compile manifest keeps it).
 
 Needs the compile extra (iree-base-compiler's MLIR bindings), not torch.
@@ -207,14 +214,25 @@ def replace_with_call(op, callee: str, operands: Iterable | None = None,
     return call
 
 
+def _constant(value, kind: str):
+    owner = value.owner
+    if getattr(owner, "name", None) != kind:
+        raise DFlashError(f"splice: {value.get_name()} is not a {kind} in the exported module")
+    return owner.attributes["value"]
+
+
 def constant_int(value) -> int:
     """The integer of a `torch.constant.int` result. Raises DFlashError for any other value."""
     from iree.compiler import ir
 
-    owner = value.owner
-    if getattr(owner, "name", None) != "torch.constant.int":
-        raise DFlashError(f"splice: {value.get_name()} is not a torch.constant.int in the exported module")
-    return ir.IntegerAttr(owner.attributes["value"]).value
+    return ir.IntegerAttr(_constant(value, "torch.constant.int")).value
+
+
+def constant_float(value) -> float:
+    """The number of a `torch.constant.float` result. Raises DFlashError for any other value."""
+    from iree.compiler import ir
+
+    return ir.FloatAttr(_constant(value, "torch.constant.float")).value
 
 
 _REPORT: dict[str, list] = {}
@@ -525,16 +543,6 @@ def splice_attention(module, arch: str, min_rows: int = ATTENTION_MIN_ROWS) -> l
 NORM_ROPE_OP = "torch.dflash.head_norm_rope"  # the custom op of export/ops.py
 
 
-def constant_float(value) -> float:
-    """The number of a `torch.constant.float` result. Raises DFlashError for any other value."""
-    from iree.compiler import ir
-
-    owner = value.owner
-    if getattr(owner, "name", None) != "torch.constant.float":
-        raise DFlashError(f"splice: {value.get_name()} is not a torch.constant.float in the exported module")
-    return ir.FloatAttr(owner.attributes["value"]).value
-
-
 def splice_norm_rope(module, arch: str) -> list[str] | None:
     """Replace every `torch.dflash.head_norm_rope` op (x [S, T, H, hd], weight [hd], cos, sin [S, T, hd],
     eps) with the head norm + rope dispatch for ARCH (kernels/norm_rope.py), one function per shape,
@@ -593,7 +601,8 @@ def splice_file(src: str | Path, dst: str | Path, arch: str, splices: dict | Non
     custom ops compiles exactly as exported.
 
     Raises:
-        DFlashError: from a splice, or a spliced module that does not verify.
+        DFlashError: from a splice, a `torch.dflash.*` custom op that no splice replaced, or a spliced
+            module that does not verify.
     """
     from iree.compiler import ir
 
@@ -605,6 +614,11 @@ def splice_file(src: str | Path, dst: str | Path, arch: str, splices: dict | Non
         if got is not None:
             changed = True
             flags += [f for f in got if f not in flags]
+    left = sorted({str(op.attributes["name"]).strip('"') for op in find_ops(module, "torch.operator")
+                   if str(op.attributes["name"]).startswith('"torch.dflash.')})
+    if left:
+        raise DFlashError(f"splice: {', '.join(left)} left in the module: its splice (export/splice.py SPLICES) "
+                          "was not run, and iree-compile cannot lower a custom op")
     if not changed:
         return Path(src), []
     try:

@@ -129,3 +129,20 @@ def test_splice_refuses_the_host(exported, tmp_path):
 
     with pytest.raises(DFlashError, match="no head norm \\+ rope kernel for arch 'host'"):
         splice.splice_file(exported["fused"], tmp_path / "s.mlirbc", "host", {"norm_rope": splice.splice_norm_rope})
+
+
+def test_a_custom_op_left_unspliced_is_refused(exported, tmp_path):
+    """A `splices` dict without the norm + rope splice (a compile experiment) fails at the splice with the reason,
+    not in iree-compile."""
+    pytest.importorskip("iree.compiler")
+    from dflash_iree.export import splice
+
+    with pytest.raises(DFlashError, match="torch.dflash.head_norm_rope left in the module"):
+        splice.splice_file(exported["fused"], tmp_path / "s.mlirbc", "sm_80", {"topk": splice.splice_topk})
+
+
+def test_the_fused_form_is_refused_for_the_host(target_dir, drafter_dir, tmp_path):
+    from dflash_iree.export.compile import compile_artifacts
+
+    with pytest.raises(DFlashError, match="attention form 'fused'.*not host"):
+        compile_artifacts("host", target_dir, drafter_dir, tmp_path / "out", attention="fused")
