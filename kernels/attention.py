@@ -23,7 +23,7 @@ from pathlib import Path
 
 from dflash_iree.errors import DFlashError
 
-from .gemm import CUDA_ARCHS, OBJECTS_DIR, executable_source, pipeline_layout
+from .gemm import CUDA_ARCHS, OBJECTS_DIR, executable_source, gpu_object, pipeline_layout
 
 HIP_ARCHS = ("gfx1030", "gfx1100", "gfx1151", "gfx1201")  # no matrix instructions needed: gfx1030 too
 ARCHS = CUDA_ARCHS + HIP_ARCHS
@@ -75,9 +75,7 @@ def f32_bits(x: float, signed: bool = False) -> int:
 
 def object_file(arch: str) -> Path:
     """Committed object for ARCH: PTX for sm_*, a code object for gfx*. Raises DFlashError for another arch."""
-    if arch not in ARCHS:
-        raise DFlashError(f"no block-attention kernel for arch '{arch}'; GPU archs only: {', '.join(ARCHS)}")
-    return OBJECTS_DIR / (f"attention_{arch}.ptx" if arch in CUDA_ARCHS else f"attention_{arch}.co")
+    return gpu_object("attention", arch, ARCHS, "block-attention")
 
 
 def why_unsupported(S: int, Hkv: int, R: int, D: int, L: int, C: int, arch: str) -> str | None:

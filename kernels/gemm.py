@@ -204,6 +204,14 @@ def executable_target(arch: str) -> str:
     return '#hal.executable.target<"rocm", "rocm-hsaco-fb">'
 
 
+def gpu_object(kernel: str, arch: str, archs: tuple[str, ...], what: str) -> Path:
+    """Committed object of KERNEL (its file prefix) for ARCH: PTX for sm_*, a code object for gfx*.
+    Raises DFlashError, naming WHAT, for an arch outside ARCHS."""
+    if arch not in archs:
+        raise DFlashError(f"no {what} kernel for arch '{arch}'; GPU archs only: {', '.join(archs)}")
+    return OBJECTS_DIR / (f"{kernel}_{arch}.ptx" if arch in CUDA_ARCHS else f"{kernel}_{arch}.co")
+
+
 def pipeline_layout(constants: int, read_only: int, bindings: int) -> str:
     """A `#hal.pipeline.layout`: CONSTANTS push constants, BINDINGS buffers of which the first READ_ONLY are read-only."""
     b = (["#hal.pipeline.binding<storage_buffer, ReadOnly>"] * read_only

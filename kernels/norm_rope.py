@@ -21,7 +21,7 @@ from pathlib import Path
 from dflash_iree.errors import DFlashError
 
 from .attention import HIP_ARCHS, f32_bits
-from .gemm import CUDA_ARCHS, OBJECTS_DIR, executable_source, pipeline_layout
+from .gemm import CUDA_ARCHS, OBJECTS_DIR, executable_source, gpu_object, pipeline_layout
 
 ARCHS = CUDA_ARCHS + HIP_ARCHS  # scalar math: every GPU arch, gfx1030 included
 THREADS = 64  # norm_rope_body.h NR_T
@@ -67,9 +67,7 @@ def _types(S: int, T: int | None, H: int, D: int, dtype: str) -> tuple[str, str,
 
 def object_file(arch: str) -> Path:
     """Committed object for ARCH: PTX for sm_*, a code object for gfx*. Raises DFlashError for another arch."""
-    if arch not in ARCHS:
-        raise DFlashError(f"no head norm + rope kernel for arch '{arch}'; GPU archs only: {', '.join(ARCHS)}")
-    return OBJECTS_DIR / (f"norm_rope_{arch}.ptx" if arch in CUDA_ARCHS else f"norm_rope_{arch}.co")
+    return gpu_object("norm_rope", arch, ARCHS, "head norm + rope")
 
 
 def norm_rope_dispatch(S: int, T: int | None, H: int, D: int, dtype: str, eps: float, arch: str, *,
