@@ -214,15 +214,15 @@ class DecoderLayer(nn.Module):
         self.attention = attention
 
     def forward(self, x, cos, sin, positions, cache: torch.Tensor | None, layer: int, read_len: int,
-                rows: torch.Tensor | None = None) -> torch.Tensor:
-        """rows: this layer's `cache_rows(cache, positions)[layer]` (computed here when None)."""
+                rows: torch.Tensor | None) -> torch.Tensor:
+        """rows: this layer's `cache_rows(cache, positions)[layer]` (None without a cache)."""
         h = self.input_layernorm(x)
         q = self.self_attn.query(h, cos, sin)
         k, v = self.self_attn.key_value(h, cos, sin)
         if cache is None:  # training: attend within the block only
             keys, values, key_pos = k, v, positions[:, None, :]
         else:
-            write_cache(cache, cache_rows(cache, positions)[layer] if rows is None else rows, k, v)
+            write_cache(cache, rows, k, v)
             S, hkv, hd = cache.shape[0], k.shape[2], k.shape[3]
             keys = cache[:, layer, 0, :read_len].view(S, read_len, hkv, hd)
             values = cache[:, layer, 1, :read_len].view(S, read_len, hkv, hd)
