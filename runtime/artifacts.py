@@ -158,7 +158,8 @@ class Artifacts:
                      for e in self.manifest["entry_points"]}
         shapes = self.manifest["shapes"]
         dtype = ml_dtypes.bfloat16 if self.manifest["dtype"] == "bf16" else NUMPY_DTYPES[self.manifest["dtype"]]
-        pair = CompiledPair(device, functions, self.block_size, shapes["kv_page"], shapes["tap_width"], np.dtype(dtype))
+        pair = CompiledPair(device, functions, self.block_size, shapes["kv_page"], shapes["tap_width"], np.dtype(dtype),
+                            context, vm_module)
         pair._keep = (instance, context, vm_module)  # the functions need these alive
         return pair
 

@@ -19,7 +19,8 @@ returned tokens and uses the device's next draft only when the device accepted t
 otherwise (normally never: a custom `accept` can cause it, and `redrafts` counts it) it drafts
 again with a separate call. The KV caches live inside
 the compiled module; rollback is the host's committed length, and a new request simply starts
-writing at position 0 again.
+writing at position 0 again. Plain decoding (`speculative=False`, not `exact`) queues each step before
+the host has the previous token (CompiledPair.decode_ahead), which stops at most one step late.
 """
 
 from __future__ import annotations
@@ -262,42 +263,48 @@ class Engine:
             if proposer is not None:
                 proposer.begin(None)
             taps, ctx_start, n_valid = None, len(ids), 0
-        while not done:
-            start = len(ids) + len(out) - 1  # the anchor's position
-            if not speculative:
-                token = m.step_exact(out[-1], start, fused_exact) if exact else m.decode(out[-1], start)
-                out.append(token)
-                done = token in stop_ids or len(out) >= max_new_tokens
-            else:
-                if proposer is not None:
-                    draft = [int(d) for d in proposer.propose(list(ids) + out, None, ctx_start)][:n]
-                elif top_k_draft:
-                    draft, top_ids, top_lps = m.draft_topk(taps, ctx_start, n_valid, out[-1], start, lp_temperature)
-                    draft = draft[:n]
-                    draft_top.append(DraftTopK(top_ids[:n, :top_k_draft].tolist(), top_lps[:n, :top_k_draft].tolist()))
-                elif next_draft is not None:
-                    draft = next_draft[:n]
+        # plain decoding queues each step before the host has the previous token (module.py)
+        plain = None if speculative or exact else m.decode_ahead(first, len(ids), max_new_tokens - 1)
+        try:
+            while not done:
+                start = len(ids) + len(out) - 1  # the anchor's position
+                if not speculative:
+                    token = m.step_exact(out[-1], start, fused_exact) if exact else next(plain)
+                    out.append(token)
+                    done = token in stop_ids or len(out) >= max_new_tokens
                 else:
-                    draft = m.draft(taps, ctx_start, n_valid, out[-1], start)[:n]
-                if fused:
-                    chosen, next_draft, device_rows, taps = m.verify_draft([out[-1]] + draft, start)
-                else:
-                    chosen, taps = m.verify([out[-1]] + draft, start)
-                r = commit_round(draft, chosen, accept(draft, chosen), stop_ids, max_new_tokens - len(out))
-                out += r.tokens
-                accepted.append(r.accepted)
-                ctx_start, n_valid = start, len(r.tokens)
-                done = r.done
-                if fused and device_rows != n_valid:
-                    # the device drafted after other rows than the host kept: draft again
-                    next_draft = None
-                    redrafts += not done
-            if stop_strings:
-                cut = self._stop_string_cut(out, stop_strings)
-                if cut is not None:
-                    out, done = out[:cut], True
-            if streamer:
-                yield streamer.push(out[len(streamer.ids):])
+                    if proposer is not None:
+                        draft = [int(d) for d in proposer.propose(list(ids) + out, None, ctx_start)][:n]
+                    elif top_k_draft:
+                        draft, top_ids, top_lps = m.draft_topk(taps, ctx_start, n_valid, out[-1], start, lp_temperature)
+                        draft = draft[:n]
+                        draft_top.append(DraftTopK(top_ids[:n, :top_k_draft].tolist(), top_lps[:n, :top_k_draft].tolist()))
+                    elif next_draft is not None:
+                        draft = next_draft[:n]
+                    else:
+                        draft = m.draft(taps, ctx_start, n_valid, out[-1], start)[:n]
+                    if fused:
+                        chosen, next_draft, device_rows, taps = m.verify_draft([out[-1]] + draft, start)
+                    else:
+                        chosen, taps = m.verify([out[-1]] + draft, start)
+                    r = commit_round(draft, chosen, accept(draft, chosen), stop_ids, max_new_tokens - len(out))
+                    out += r.tokens
+                    accepted.append(r.accepted)
+                    ctx_start, n_valid = start, len(r.tokens)
+                    done = r.done
+                    if fused and device_rows != n_valid:
+                        # the device drafted after other rows than the host kept: draft again
+                        next_draft = None
+                        redrafts += not done
+                if stop_strings:
+                    cut = self._stop_string_cut(out, stop_strings)
+                    if cut is not None:
+                        out, done = out[:cut], True
+                if streamer:
+                    yield streamer.push(out[len(streamer.ids):])
+        finally:
+            if plain is not None:
+                plain.close()  # waits for the step queued past the last token taken
         t2 = time.perf_counter()
         text = self.codec.decode(out) if self.codec else None
         if text is not None and stop_strings:

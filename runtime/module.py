@@ -13,9 +13,17 @@ the draft ids (int64 [B - 1]), from `verify_draft` both in one int64 [2B] row wi
 accepted-row count, and, from `draft_topk` only, the draft's top-K ids (int32
 [B - 1, K]) and log-probs (float32 [B - 1, K]): 8 * (B - 1) * K more bytes a round. Never logits,
 taps or caches (tests/test_runtime.py checks the count).
+
+Plain decoding can run one step ahead of the host (`decode_ahead`): each step's `$async` entry
+point is queued with the previous step's token as a device array and a fence on that step, so the
+host records step i + 1 while the device runs step i; the token of step i reaches the host through
+an 8-byte queued copy into pinned memory. A synchronous call leaves the device idle while the host
+records its hundreds of dispatches (docs/performance.md, "Decode one step ahead").
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -28,10 +36,14 @@ class CompiledPair:
         functions: entry-point name -> iree.runtime.FunctionInvoker.
         block_size, kv_page, tap_width: from the manifest.
         tap_dtype: numpy dtype of the taps (for the zero rows passed to the first `draft`).
+        context, vm_module: the iree.runtime VmContext and VmModule behind `functions`, for the
+            `$async` entry points of `decode_ahead` (None: `decode_ahead` decodes synchronously).
     """
 
-    def __init__(self, device, functions: dict, block_size: int, kv_page: int, tap_width: int, tap_dtype):
+    def __init__(self, device, functions: dict, block_size: int, kv_page: int, tap_width: int, tap_dtype,
+                 context=None, vm_module=None):
         self.device, self.fn = device, functions
+        self._context, self._vm_module = context, vm_module
         self.block_size, self.kv_page = block_size, kv_page
         self._zero_taps = np.zeros((1, block_size, tap_width), tap_dtype)
         self._sampling: tuple = ()
@@ -69,6 +81,82 @@ class CompiledPair:
     def decode(self, token: int, start: int) -> int:
         """One plain step: the token at `start`; returns the target's next token."""
         return int(self._host(self._target("decode", [token], start))[0, -1])
+
+    def decode_ahead(self, token: int, start: int, n: int) -> Iterator[int]:
+        """Plain decoding of `n` tokens after `token` (at position `start`), the device one step ahead.
+
+        Step i (the token at start + i) is queued before step i - 1's token reaches the host; its
+        input token never leaves the device. The tokens are those of n `decode` calls.
+
+        Yields:
+            the n next tokens (int), in order. A consumer that stops early (a stop token) leaves
+            at most one step run past the last token it took: that step's KV rows lie past the
+            committed length, which rollback by length discards. Closing the generator waits for
+            the device.
+        """
+        fn = self._async_function("decode" + self._suffix)
+        if fn is None:
+            for i in range(n):
+                token = self.decode(token, start + i)
+                yield token
+            return
+        import iree.runtime as rt
+
+        steps = self.device.create_semaphore(0)
+        copies = self.device.create_semaphore(0)
+        host_usage = int(rt.BufferUsage.TRANSFER_TARGET | rt.BufferUsage.MAPPING_SCOPED)
+        host_memory = int(rt.MemoryType.HOST_LOCAL | rt.MemoryType.DEVICE_VISIBLE)
+        # two pinned slots: step i's copy lands while the host reads step i - 1's
+        slots = [self.device.allocator.allocate_buffer(memory_type=host_memory, allowed_usage=host_usage,
+                                                       allocation_size=8) for _ in range(2)]
+        sampling = [self._upload(a) for a in self._sampling]
+        tokens = self._upload(np.array([[token]], np.int64))
+        pages: dict[int, object] = {}
+        issued = 0
+
+        def issue(i: int):
+            nonlocal tokens, issued
+            rows = start + i + 1
+            npages = max(1, -(-rows // self.kv_page))
+            if npages not in pages:
+                pages[npages] = self._upload(np.zeros(npages, np.int8))
+            args = rt.VmVariantList(6 + len(sampling))
+            for ref in (tokens, self._upload(np.array([start + i], np.int64)), pages[npages], *sampling,
+                        rt.HalFence.create_at(steps, i), rt.HalFence.create_at(steps, i + 1)):
+                args.push_ref(ref)
+            out = rt.VmVariantList(1)
+            self._context.invoke(fn, args, out)
+            tokens = out.get_as_object(0, rt.HalBufferView)
+            self.device.queue_copy(tokens.get_buffer(), slots[i % 2], rt.HalFence.create_at(steps, i + 1),
+                                   rt.HalFence.create_at(copies, i + 1))
+            issued = i + 1
+
+        try:
+            if n > 0:
+                issue(0)
+            for i in range(n):
+                if i + 1 < n:
+                    issue(i + 1)
+                rt.HalFence.create_at(copies, i + 1).wait()
+                mapped = slots[i % 2].map()
+                token = int(mapped.asarray((1,), np.dtype(np.int64))[0])
+                del mapped
+                self.host_bytes += 8
+                yield token
+        finally:  # nothing of this chain may still run when the next call writes the caches
+            rt.HalFence.create_at(copies, issued).wait()
+
+    def _async_function(self, name: str):
+        """The VmFunction of entry point `name`'s `$async` form, or None without a context."""
+        if self._vm_module is None:
+            return None
+        return self._vm_module.lookup_function(name + "$async")
+
+    def _upload(self, array: np.ndarray):
+        """A device buffer view holding `array` (as FunctionInvoker passes numpy arguments)."""
+        import iree.runtime as rt
+
+        return rt.asdevicearray(self.device, array)._buffer_view
 
     def _pad(self, block: list[int]) -> list[int]:
         # padding rows write KV past the committed length, which rollback by length discards

@@ -185,6 +185,33 @@ def test_repeat_requests_equal_fresh_engines(engine, host_artifacts):
     assert (a1, b1) == (a2, b2)
 
 
+@pytest.mark.parametrize("name", ["greedy", "t1-seed3"])
+def test_decode_ahead_equals_synchronous_calls(engine, name):
+    """Plain decoding one step ahead (the `$async` entry points, the token kept on the device) gives
+    the tokens of one synchronous `decode` call a step; a consumer that stops early leaves the next
+    request unaffected, and without the VM context the same tokens come from synchronous calls."""
+    s = SAMPLINGS[name]
+    m = engine.module
+    m.set_sampling(s.temperature, s.top_k, s.top_p, s.seed)
+    ids = PROMPTS[0]
+    first, _ = m.prefill(ids)
+    sync, token = [], first
+    for i in range(20):
+        token = m.decode(token, len(ids) + i)
+        sync.append(token)
+    ahead = m.decode_ahead(first, len(ids), 20)
+    assert [next(ahead) for _ in range(5)] == sync[:5]
+    ahead.close()  # one step ran past the last token taken: its KV rows lie past the committed length
+    assert list(m.decode_ahead(first, len(ids), 20)) == sync
+    context = m._context, m._vm_module
+    try:
+        m._context = m._vm_module = None
+        assert list(m.decode_ahead(first, len(ids), 20)) == sync
+    finally:
+        m._context, m._vm_module = context
+    assert list(m.decode_ahead(first, len(ids), 0)) == []
+
+
 def test_num_speculative_tokens(engine):
     gen = engine.generate(PROMPTS[0], 30, num_speculative_tokens=3)
     assert gen.block_size == 4 and gen.tokens == engine.generate(PROMPTS[0], 30, speculative=False).tokens
