@@ -169,7 +169,8 @@ def _issue_ms(pair, name: str, arrays: list, n: int = 16) -> dict:
     issue, done = [], []
     for i in range(n + 2):
         args = rt.VmVariantList(len(arrays) + 2)
-        for ref in [pair._upload(a) for a in arrays] + [rt.HalFence.create_at(sem, i), rt.HalFence.create_at(sem, i + 1)]:
+        views = [a._buffer_view if hasattr(a, "_buffer_view") else pair._stage.arg(a)._buffer_view for a in arrays]
+        for ref in views + [rt.HalFence.create_at(sem, i), rt.HalFence.create_at(sem, i + 1)]:
             args.push_ref(ref)
         t0 = time.perf_counter()
         pair._context.invoke(fn, args, rt.VmVariantList(4))

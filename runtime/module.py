@@ -14,11 +14,13 @@ accepted-row count, and, from `draft_topk` only, the draft's top-K ids (int32
 [B - 1, K]) and log-probs (float32 [B - 1, K]): 8 * (B - 1) * K more bytes a round. Never logits,
 taps or caches (tests/test_runtime.py checks the count).
 
-Plain decoding can run one step ahead of the host (`decode_ahead`): each step's `$async` entry
-point is queued with the previous step's token as a device array and a fence on that step, so the
-host records step i + 1 while the device runs step i; the token of step i reaches the host through
-an 8-byte queued copy into pinned memory. A synchronous call leaves the device idle while the host
-records its hundreds of dispatches (docs/performance.md, "Decode one step ahead").
+Host-side cost of a call (docs/performance.md, "Host time of a step"): arguments are written into
+pinned host buffers the device reads directly, and results are copied into pinned buffers, both
+reused from call to call (`Staging`), instead of iree.runtime's default of a new device buffer and
+a synchronous upload per argument and a host-memory registration per result. Plain decoding also
+runs one step ahead of the host (`decode_ahead`): each step's `$async` entry point is queued with
+the previous step's token as a device array and a fence on that step, and the token reaches the
+host through an 8-byte queued copy.
 """
 
 from __future__ import annotations
@@ -26,6 +28,70 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import numpy as np
+
+
+class Staging:
+    """Pinned host buffers (HOST_LOCAL | DEVICE_VISIBLE) for one device: arguments the device reads
+    in place and results copied back, reused from call to call.
+
+    An argument buffer is reused `DEPTH` calls later (per shape and dtype): a call's arguments must
+    stay intact while it may run, and at most two of this runtime's calls are ever in flight
+    (`decode_ahead` queues one step ahead; every other call returns when its work is done).
+    """
+
+    DEPTH = 4
+
+    def __init__(self, device):
+        import iree.runtime as rt
+
+        self.device, self._rt = device, rt
+        self._memory = int(rt.MemoryType.HOST_LOCAL | rt.MemoryType.DEVICE_VISIBLE)
+        self._args: dict[tuple, list] = {}  # (shape, dtype) -> [buffer views, next slot]
+        self._results: dict[int, object] = {}  # bytes -> pinned buffer
+        self._copies = device.create_semaphore(0)
+        self._copied = 0
+
+    def arg(self, array: np.ndarray, constant: bool = False):
+        """`array` (C-contiguous numpy) in a pinned buffer, as a DeviceArray to pass to a function.
+        `constant`: a buffer of its own, never reused (for values that stay the same, like pages)."""
+        rt = self._rt
+        array = np.ascontiguousarray(array)
+        key = (array.shape, array.dtype.str)
+        ring = None if constant else self._args.setdefault(key, [[], 0])
+        if ring is None or len(ring[0]) < self.DEPTH:
+            usage = int(rt.BufferUsage.DEFAULT | rt.BufferUsage.MAPPING)
+            view = self.device.allocator.allocate_buffer_copy(memory_type=self._memory, allowed_usage=usage,
+                                                              device=self.device, buffer=array,
+                                                              element_type=rt.array_interop.map_dtype_to_element_type(array.dtype))
+            if ring is not None:
+                ring[0].append(view)
+        else:
+            view = ring[0][ring[1] % self.DEPTH]
+            ring[1] += 1
+            mapped = view.map()
+            mapped.asarray(array.shape, array.dtype)[...] = array
+            del mapped
+        return rt.DeviceArray(self.device, view, override_dtype=array.dtype)
+
+    def read(self, array) -> np.ndarray:
+        """A device array's contents on the host (a copy), through a pinned buffer of its size."""
+        rt = self._rt
+        view = array._buffer_view
+        source = view.get_buffer()
+        size = source.byte_length()
+        if size not in self._results:
+            usage = int(rt.BufferUsage.TRANSFER_TARGET | rt.BufferUsage.MAPPING_SCOPED)
+            self._results[size] = self.device.allocator.allocate_buffer(memory_type=self._memory,
+                                                                       allowed_usage=usage, allocation_size=size)
+        target = self._results[size]
+        self._copied += 1
+        self.device.queue_copy(source, target, rt.HalFence.create_at(self._copies, self._copied - 1),
+                               rt.HalFence.create_at(self._copies, self._copied))
+        rt.HalFence.create_at(self._copies, self._copied).wait()
+        mapped = target.map()
+        out = np.array(mapped.asarray(tuple(view.shape), array.dtype))
+        del mapped
+        return out
 
 
 class CompiledPair:
@@ -49,10 +115,12 @@ class CompiledPair:
         self._sampling: tuple = ()
         self._suffix = ""
         self.host_bytes = 0  # bytes copied device -> host, for the transfer contract
+        self._stage = Staging(device)
+        self._pages_args: dict[int, object] = {}
 
     def _host(self, array) -> np.ndarray:
         """The one way results reach the host: token ids, and the draft top-K's [B - 1, K] arrays."""
-        out = np.asarray(array)
+        out = self._stage.read(array)
         self.host_bytes += out.nbytes
         return out
 
@@ -60,17 +128,25 @@ class CompiledPair:
         """Greedy requests call the plain entry points; others the `*_sampled` ones."""
         if temperature > 0:
             self._suffix = "_sampled"
-            self._sampling = (np.array([temperature], np.float32), np.array([top_k], np.int64),
-                              np.array([top_p], np.float32), np.array([seed], np.int64))
+            self._sampling = tuple(self._stage.arg(a, constant=True) for a in (
+                np.array([temperature], np.float32), np.array([top_k], np.int64), np.array([top_p], np.float32),
+                np.array([seed], np.int64)))
         else:
             self._suffix, self._sampling = "", ()
 
-    def _pages(self, rows: int) -> np.ndarray:
-        return np.zeros(max(1, -(-rows // self.kv_page)), np.int8)
+    def _pages(self, rows: int):
+        """The `pages` argument for `rows` cache rows: its length is what counts (zeros, one pinned
+        buffer per length)."""
+        n = max(1, -(-rows // self.kv_page))
+        if n not in self._pages_args:
+            self._pages_args[n] = self._stage.arg(np.zeros(n, np.int8), constant=True)
+        return self._pages_args[n]
+
+    def _i64(self, values) -> object:
+        return self._stage.arg(np.array(values, np.int64))
 
     def _target(self, name: str, tokens: list[int], start: int, *before_pages):
-        args = (np.array([tokens], np.int64), np.array([start], np.int64), *before_pages,
-                self._pages(start + len(tokens)))
+        args = (self._i64([tokens]), self._i64([start]), *before_pages, self._pages(start + len(tokens)))
         return self.fn[name + self._suffix](*args, *self._sampling)
 
     def prefill(self, ids: list[int]):
@@ -109,19 +185,14 @@ class CompiledPair:
         # two pinned slots: step i's copy lands while the host reads step i - 1's
         slots = [self.device.allocator.allocate_buffer(memory_type=host_memory, allowed_usage=host_usage,
                                                        allocation_size=8) for _ in range(2)]
-        sampling = [self._upload(a) for a in self._sampling]
-        tokens = self._upload(np.array([[token]], np.int64))
-        pages: dict[int, object] = {}
+        tokens = self._i64([[token]])._buffer_view
         issued = 0
 
         def issue(i: int):
             nonlocal tokens, issued
-            rows = start + i + 1
-            npages = max(1, -(-rows // self.kv_page))
-            if npages not in pages:
-                pages[npages] = self._upload(np.zeros(npages, np.int8))
-            args = rt.VmVariantList(6 + len(sampling))
-            for ref in (tokens, self._upload(np.array([start + i], np.int64)), pages[npages], *sampling,
+            args = rt.VmVariantList(6 + len(self._sampling))
+            for ref in (tokens, self._i64([start + i])._buffer_view, self._pages(start + i + 1)._buffer_view,
+                        *(a._buffer_view for a in self._sampling),
                         rt.HalFence.create_at(steps, i), rt.HalFence.create_at(steps, i + 1)):
                 args.push_ref(ref)
             out = rt.VmVariantList(1)
@@ -152,12 +223,6 @@ class CompiledPair:
             return None
         return self._vm_module.lookup_function(name + "$async")
 
-    def _upload(self, array: np.ndarray):
-        """A device buffer view holding `array` (as FunctionInvoker passes numpy arguments)."""
-        import iree.runtime as rt
-
-        return rt.asdevicearray(self.device, array)._buffer_view
-
     def _pad(self, block: list[int]) -> list[int]:
         # padding rows write KV past the committed length, which rollback by length discards
         return block + [block[-1]] * (self.block_size - len(block))
@@ -183,7 +248,7 @@ class CompiledPair:
             `draft`).
         """
         n = len(block)
-        packed, taps = self._target("verify_draft", self._pad(block), start, np.array([n - 1], np.int64))
+        packed, taps = self._target("verify_draft", self._pad(block), start, self._i64([n - 1]))
         row = [int(t) for t in self._host(packed)[0]]
         B = self.block_size
         return row[:n], row[B:2 * B - 1], row[2 * B - 1], taps
@@ -204,7 +269,7 @@ class CompiledPair:
 
     def absorb(self, taps) -> None:
         """Project the prompt's taps (positions 0..P-1) into the drafter's context cache."""
-        self.fn["absorb"](taps, np.array([0], np.int64))
+        self.fn["absorb"](taps, self._i64([0]))
 
     def draft(self, taps, ctx_start: int, n_valid: int, anchor: int, start: int) -> list[int]:
         """Absorb the first n_valid rows of `taps` at ctx_start, then draft after `anchor`.
@@ -216,8 +281,7 @@ class CompiledPair:
 
     def _draft_args(self, taps, ctx_start: int, n_valid: int, anchor: int, start: int) -> tuple:
         taps = self._zero_taps if taps is None else taps
-        return (taps, np.array([ctx_start], np.int64), np.array([n_valid], np.int64), np.array([anchor], np.int64),
-                self._pages(start))
+        return (taps, self._i64([ctx_start]), self._i64([n_valid]), self._i64([anchor]), self._pages(start))
 
     def draft_topk(self, taps, ctx_start: int, n_valid: int, anchor: int, start: int, temperature: float):
         """`draft`, plus the drafter's top-K at each drafted position (the `draft_topk` entry point).
@@ -230,5 +294,5 @@ class CompiledPair:
             [B - 1, K]), K the compiled count; ids[:, 0] are the draft ids.
         """
         draft, ids, lps = self.fn["draft_topk"](*self._draft_args(taps, ctx_start, n_valid, anchor, start),
-                                                np.array([temperature], np.float32))
+                                                self._stage.arg(np.array([temperature], np.float32)))
         return [int(t) for t in self._host(draft)[0]], self._host(ids)[0], self._host(lps)[0]

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -20,6 +21,7 @@ from dflash_iree.export.load import load_pair
 from dflash_iree.export.reference import generate_plain
 from dflash_iree.kernels.reference import score
 from dflash_iree.runtime.engine import Engine
+from dflash_iree.runtime.module import Staging
 
 
 @pytest.fixture(scope="module")
@@ -210,6 +212,18 @@ def test_decode_ahead_equals_synchronous_calls(engine, name):
     finally:
         m._context, m._vm_module = context
     assert list(m.decode_ahead(first, len(ids), 0)) == []
+
+
+def test_staging_reuses_pinned_buffers(engine):
+    """Arguments go through a ring of Staging.DEPTH pinned buffers per shape: the last DEPTH values
+    written are intact, the ring does not grow, and a result read back equals what was written."""
+    st = engine.module._stage
+    args = [st.arg(np.array([[i, -i]], np.int64)) for i in range(3 * Staging.DEPTH)]
+    recent = args[-Staging.DEPTH:]
+    assert [st.read(a).tolist() for a in recent] == [[[i, -i]] for i in range(2 * Staging.DEPTH, 3 * Staging.DEPTH)]
+    assert len(st._args[((1, 2), np.dtype(np.int64).str)][0]) == Staging.DEPTH
+    pages = engine.module._pages(100)
+    assert pages is engine.module._pages(97) and st.read(pages).shape == (-(-100 // engine.module.kv_page),)
 
 
 def test_num_speculative_tokens(engine):
