@@ -161,7 +161,8 @@ def _issue_ms(pair, name: str, arrays: list, n: int = 16) -> dict:
     """Where a synchronous call's host time goes: `name$async` invoked with its wait fence already
     signaled and the device idle. "issue": until the invoke returns (the VM records the step's
     command buffer, and the driver launches its kernels); "done": from there until the step's fence
-    signals. Medians over n calls."""
+    signals. Medians over n calls. On the pinned CUDA HAL the invocation itself waits for the
+    step's work (its transients are freed at the end), so "issue" includes the GPU's tail."""
     import iree.runtime as rt
 
     fn = pair._async_function(name)

@@ -34,12 +34,14 @@ class Staging:
     """Pinned host buffers (HOST_LOCAL | DEVICE_VISIBLE) for one device: arguments the device reads
     in place and results copied back, reused from call to call.
 
-    An argument buffer is reused `DEPTH` calls later (per shape and dtype): a call's arguments must
-    stay intact while it may run, and at most two of this runtime's calls are ever in flight
-    (`decode_ahead` queues one step ahead; every other call returns when its work is done).
+    An argument buffer is rewritten `DEPTH` arguments of its shape and dtype later. A call's
+    arguments must stay intact while it may run: at most two of this runtime's calls are ever in
+    flight (`decode_ahead` queues one step ahead; every other call returns when its work is done)
+    and a call passes at most three arguments of one shape (`draft`: three int64 [1]), so 8 slots
+    keep every argument that may still be read.
     """
 
-    DEPTH = 4
+    DEPTH = 8
 
     def __init__(self, device):
         import iree.runtime as rt
@@ -52,8 +54,9 @@ class Staging:
         self._copied = 0
 
     def arg(self, array: np.ndarray, constant: bool = False):
-        """`array` (C-contiguous numpy) in a pinned buffer, as a DeviceArray to pass to a function.
-        `constant`: a buffer of its own, never reused (for values that stay the same, like pages)."""
+        """`array` (any numpy array; copied) in a pinned buffer, as an iree.runtime DeviceArray of the
+        same shape and dtype to pass to a function. `constant`: a buffer of its own, never reused
+        (for values that stay the same, like `pages` and the sampling parameters)."""
         rt = self._rt
         array = np.ascontiguousarray(array)
         key = (array.shape, array.dtype.str)
@@ -74,7 +77,8 @@ class Staging:
         return rt.DeviceArray(self.device, view, override_dtype=array.dtype)
 
     def read(self, array) -> np.ndarray:
-        """A device array's contents on the host (a copy), through a pinned buffer of its size."""
+        """A device array's contents as a new numpy array (its shape and dtype), through a queued copy
+        into a pinned buffer kept per byte size; returns when the copy is done."""
         rt = self._rt
         view = array._buffer_view
         source = view.get_buffer()
@@ -84,9 +88,9 @@ class Staging:
             self._results[size] = self.device.allocator.allocate_buffer(memory_type=self._memory,
                                                                        allowed_usage=usage, allocation_size=size)
         target = self._results[size]
-        self._copied += 1
-        self.device.queue_copy(source, target, rt.HalFence.create_at(self._copies, self._copied - 1),
-                               rt.HalFence.create_at(self._copies, self._copied))
+        self.device.queue_copy(source, target, rt.HalFence.create_at(self._copies, self._copied),
+                               rt.HalFence.create_at(self._copies, self._copied + 1))
+        self._copied += 1  # only once queued: a failed copy must not leave later reads waiting
         rt.HalFence.create_at(self._copies, self._copied).wait()
         mapped = target.map()
         out = np.array(mapped.asarray(tuple(view.shape), array.dtype))
@@ -146,7 +150,9 @@ class CompiledPair:
         return self._stage.arg(np.array(values, np.int64))
 
     def _target(self, name: str, tokens: list[int], start: int, *before_pages):
-        args = (self._i64([tokens]), self._i64([start]), *before_pages, self._pages(start + len(tokens)))
+        # a prompt's length varies from request to request: its own buffer, not a ring per length
+        ids = self._stage.arg(np.array([tokens], np.int64), constant=len(tokens) > self.block_size)
+        args = (ids, self._i64([start]), *before_pages, self._pages(start + len(tokens)))
         return self.fn[name + self._suffix](*args, *self._sampling)
 
     def prefill(self, ids: list[int]):
@@ -162,7 +168,14 @@ class CompiledPair:
         """Plain decoding of `n` tokens after `token` (at position `start`), the device one step ahead.
 
         Step i (the token at start + i) is queued before step i - 1's token reaches the host; its
-        input token never leaves the device. The tokens are those of n `decode` calls.
+        input token never leaves the device. The tokens are those of n `decode` calls. On the pinned
+        CUDA HAL an invocation returns only when its step is done, so the gain is the cheaper
+        argument and result handling, not overlap (docs/performance.md, "Host time of a step").
+        One request at a time: no other call may run on this pair while the generator is open.
+
+        Args:
+            token: the last committed token, at position `start` (int, tokens).
+            n: steps to run, >= 0.
 
         Yields:
             the n next tokens (int), in order. A consumer that stops early (a stop token) leaves
@@ -186,21 +199,22 @@ class CompiledPair:
         slots = [self.device.allocator.allocate_buffer(memory_type=host_memory, allowed_usage=host_usage,
                                                        allocation_size=8) for _ in range(2)]
         tokens = self._i64([[token]])._buffer_view
-        issued = 0
+        issued = copied = 0
 
         def issue(i: int):
-            nonlocal tokens, issued
-            args = rt.VmVariantList(6 + len(self._sampling))
+            nonlocal tokens, issued, copied
+            args = rt.VmVariantList(5 + len(self._sampling))  # tokens, start, pages, sampling, 2 fences
             for ref in (tokens, self._i64([start + i])._buffer_view, self._pages(start + i + 1)._buffer_view,
                         *(a._buffer_view for a in self._sampling),
                         rt.HalFence.create_at(steps, i), rt.HalFence.create_at(steps, i + 1)):
                 args.push_ref(ref)
             out = rt.VmVariantList(1)
             self._context.invoke(fn, args, out)
+            issued = i + 1
             tokens = out.get_as_object(0, rt.HalBufferView)
             self.device.queue_copy(tokens.get_buffer(), slots[i % 2], rt.HalFence.create_at(steps, i + 1),
                                    rt.HalFence.create_at(copies, i + 1))
-            issued = i + 1
+            copied = i + 1
 
         try:
             if n > 0:
@@ -215,7 +229,8 @@ class CompiledPair:
                 self.host_bytes += 8
                 yield token
         finally:  # nothing of this chain may still run when the next call writes the caches
-            rt.HalFence.create_at(copies, issued).wait()
+            rt.HalFence.create_at(steps, issued).wait()
+            rt.HalFence.create_at(copies, copied).wait()
 
     def _async_function(self, name: str):
         """The VmFunction of entry point `name`'s `$async` form, or None without a context."""
