@@ -76,6 +76,12 @@ class Staging:
             del mapped
         return rt.DeviceArray(self.device, view, override_dtype=array.dtype)
 
+    def pinned(self, size: int):
+        """A new pinned buffer of `size` bytes that results are copied into and the host maps."""
+        usage = int(self._rt.BufferUsage.TRANSFER_TARGET | self._rt.BufferUsage.MAPPING_SCOPED)
+        return self.device.allocator.allocate_buffer(memory_type=self._memory, allowed_usage=usage,
+                                                     allocation_size=size)
+
     def read(self, array) -> np.ndarray:
         """A device array's contents as a new numpy array (its shape and dtype), through a queued copy
         into a pinned buffer kept per byte size; returns when the copy is done."""
@@ -84,9 +90,7 @@ class Staging:
         source = view.get_buffer()
         size = source.byte_length()
         if size not in self._results:
-            usage = int(rt.BufferUsage.TRANSFER_TARGET | rt.BufferUsage.MAPPING_SCOPED)
-            self._results[size] = self.device.allocator.allocate_buffer(memory_type=self._memory,
-                                                                       allowed_usage=usage, allocation_size=size)
+            self._results[size] = self.pinned(size)
         target = self._results[size]
         self.device.queue_copy(source, target, rt.HalFence.create_at(self._copies, self._copied),
                                rt.HalFence.create_at(self._copies, self._copied + 1))
@@ -193,11 +197,8 @@ class CompiledPair:
 
         steps = self.device.create_semaphore(0)
         copies = self.device.create_semaphore(0)
-        host_usage = int(rt.BufferUsage.TRANSFER_TARGET | rt.BufferUsage.MAPPING_SCOPED)
-        host_memory = int(rt.MemoryType.HOST_LOCAL | rt.MemoryType.DEVICE_VISIBLE)
         # two pinned slots: step i's copy lands while the host reads step i - 1's
-        slots = [self.device.allocator.allocate_buffer(memory_type=host_memory, allowed_usage=host_usage,
-                                                       allocation_size=8) for _ in range(2)]
+        slots = [self._stage.pinned(8) for _ in range(2)]
         tokens = self._i64([[token]])._buffer_view
         issued = copied = 0
 
