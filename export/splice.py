@@ -359,7 +359,57 @@ def _reload(weights, before) -> list:
                                     attributes={"global": w.owner.attributes["global"]}).result for w in weights]
 
 
-def splice_gemm(module, arch: str, min_weight_bytes: int = GEMM_MIN_WEIGHT_BYTES) -> list[str] | None:
+def _only_user(value, name: str):
+    """The op using VALUE when it has exactly one use and that op is named NAME, else None."""
+    uses = list(value.uses)
+    if len(uses) != 1 or uses[0].owner.name != name:
+        return None
+    return uses[0].owner
+
+
+def _epilogue(mms: list):
+    """The op that follows the mm run MMS and that a GEMM epilogue can take (kernels/gemm.py), as
+    (kind, that op, [its operand besides the mms' results], [the ops it makes dead, users first],
+    the mms' order in the dispatch):
+
+    - "residual": one mm, `add.Tensor(r, view(mm), 1)` (the residual add after o_proj and down_proj;
+      either operand order), the view and the mm used by nothing else;
+    - "swiglu": two mms (gate, up; either order), `mul.Tensor(silu(view(gate)), view(up))` (either
+      operand order), each intermediate used once.
+
+    None when neither matches (then the run keeps its plain outputs)."""
+    views = [_only_user(m.results[0], "torch.aten.view") for m in mms]
+    if any(v is None for v in views):
+        return None
+    out = [builtin_type(v.results[0].type) for v in views]
+    if len(mms) == 1:
+        add = _only_user(views[0].results[0], "torch.aten.add.Tensor")
+        if add is None or len(add.operands) != 3:
+            return None
+        try:
+            if constant_int(add.operands[2]) != 1:
+                return None
+        except DFlashError:
+            return None
+        a, b = add.operands[0], add.operands[1]
+        r = a if b == views[0].results[0] else b
+        if r == views[0].results[0] or {builtin_type(r.type), builtin_type(add.results[0].type)} != {out[0]}:
+            return None
+        return "residual", add, [r], [add, views[0], mms[0]], [0]
+    if len(mms) == 2 and out[0] == out[1]:
+        for g in (0, 1):
+            silu = _only_user(views[g].results[0], "torch.aten.silu")
+            mul = silu and _only_user(silu.results[0], "torch.aten.mul.Tensor")
+            if mul is None or _only_user(views[1 - g].results[0], "torch.aten.mul.Tensor") != mul:
+                continue
+            if builtin_type(mul.results[0].type) != out[0]:
+                return None
+            return "swiglu", mul, [], [mul, silu, views[g], views[1 - g], mms[g], mms[1 - g]], [g, 1 - g]
+    return None
+
+
+def splice_gemm(module, arch: str, min_weight_bytes: int = GEMM_MIN_WEIGHT_BYTES,
+                epilogues: bool = True) -> list[str] | None:
     """Replace the `torch.aten.mm(x, transpose(W))`s of bf16 weight globals W with the skinny GEMM,
     the mms of one x together (up to 3: a layer's q, k and v projections; gate and up) in one dispatch.
 
@@ -371,10 +421,14 @@ def splice_gemm(module, arch: str, min_weight_bytes: int = GEMM_MIN_WEIGHT_BYTES
     runs of at most 3 in module order; a run's call stands where its first mm stood. Every function
     of the export groups its weights the same way, so a weight's k split, and with it its bits, is
     the same wherever it is read. Archs: CUDA (sm_*) and gfx1100/1151/1201; others return None.
-    Each (M, Ns, K) gets one function `dflash_gemm_{M}x{N0}[_{N1}[_{N2}]]x{K}` (its executable and
-    counter global). Records per shape, in `last_report()["gemm"]`: M, N (a list for a group), K,
-    `ops` (dispatches), `mms` (matmuls replaced) and the k splits. Returns the flags (the object
-    search path), or None when nothing was replaced.
+    With EPILOGUES (the default), a run whose results feed only the residual add (o_proj, down_proj)
+    or only silu(gate) * up (`_epilogue`) is replaced together with that op, by the dispatch's
+    epilogue ("residual", "swiglu"): one dispatch fewer each, and the same roundings.
+    Each (M, Ns, K) gets one function `dflash_gemm_{M}x{N0}[_{N1}[_{N2}]]x{K}` (with an epilogue,
+    `..._{residual|swiglu}_{out shape}`; its executable and counter global). Records per shape, in
+    `last_report()["gemm"]`: M, N (a list for a group), K, `ops` (dispatches), `mms` (matmuls
+    replaced), the k splits and the epilogue if any. Returns the flags (the object search path), or
+    None when nothing was replaced.
     """
     from dflash_iree.kernels.gemm import ARCHS, MAX_WEIGHTS, gemm_dispatch, why_unsupported
 
@@ -408,15 +462,29 @@ def splice_gemm(module, arch: str, min_weight_bytes: int = GEMM_MIN_WEIGHT_BYTES
             x = ops[0].operands[0]
             M, K = static_shape(x.type)
             name = f"dflash_gemm_{M}x{'_'.join(map(str, Ns))}x{K}"
-            d = gemm_dispatch(M, Ns, K, arch, name=name)
-            add_functions(module, d.mlir)
-            replace_with_call(ops, name, [x, *_reload(ws, ops[0])], [f"tensor<{M}x{n}xbf16>" for n in Ns])
-            key = (M, Ns, K)
+            epi = _epilogue(ops) if epilogues else None
+            if epi is None:
+                d = gemm_dispatch(M, Ns, K, arch, name=name)
+                add_functions(module, d.mlir)
+                replace_with_call(ops, name, [x, *_reload(ws, ops[0])], [f"tensor<{M}x{n}xbf16>" for n in Ns])
+            else:
+                kind, op, extra, dead, order = epi
+                shape = static_shape(op.results[0].type)
+                name += f"_{kind}_{'x'.join(map(str, shape))}"
+                Ns = tuple(Ns[j] for j in order)
+                d = gemm_dispatch(M, Ns, K, arch, name=name, epilogue=kind, out_shape=shape)
+                add_functions(module, d.mlir)
+                replace_with_call(op, name, [x, *_reload([ws[j] for j in order], op), *extra],
+                                  [builtin_type(op.results[0].type)])
+                for o in dead[1:]:
+                    o.erase()
+            key = (M, Ns, K, d.epilogue)
             counts[key] = counts.get(key, 0) + 1
             splits[key] = d.plan.splits
             flags += [f for f in d.flags if f not in flags]
     _REPORT["gemm"] = [{"M": M, "N": Ns[0] if len(Ns) == 1 else list(Ns), "K": K, "ops": c, "mms": c * len(Ns),
-                        "splits": splits[(M, Ns, K)]} for (M, Ns, K), c in sorted(counts.items())]
+                        "splits": splits[(M, Ns, K, e)], **({"epilogue": e} if e else {})}
+                       for (M, Ns, K, e), c in sorted(counts.items(), key=lambda kv: (kv[0][:3], kv[0][3] or ""))]
     return flags
 
 
@@ -468,7 +536,60 @@ def _cache_rows(kv):
         return None
 
 
-def splice_attention(module, arch: str, min_rows: int = ATTENTION_MIN_ROWS) -> list[str] | None:
+_VIEWS = ("torch.aten.view", "torch.aten._unsafe_view")
+_HEADS_TOKENS = [0, 2, 1, 3, 4]  # attend's permutation between [S, T, Hkv, g, hd] and [S, Hkv, T, g, hd]
+
+
+def _token_major_q(q, S: int, Hkv: int, R: int, D: int):
+    """(q0, g, [the ops that make q]) when q [S, Hkv, R, D] is export/qwen3.py `attend`'s rows =
+    q0.view(S, T, Hkv, g, D).permute(0, 2, 1, 3, 4).clone().view(S, Hkv, T * g, D) of q0 [S, T, Hkv * g, D],
+    else None."""
+    try:
+        if _owner_name(q) not in _VIEWS or _owner_name(q.owner.operands[0]) != "torch.aten.clone":
+            return None
+        clone = q.owner.operands[0].owner
+        if _owner_name(clone.operands[0]) != "torch.aten.permute":
+            return None
+        perm = clone.operands[0].owner
+        if _list_ints(perm.operands[1]) != _HEADS_TOKENS or _owner_name(perm.operands[0]) not in _VIEWS:
+            return None
+        view = perm.operands[0].owner
+    except DFlashError:
+        return None
+    q0 = view.operands[0]
+    m = re.fullmatch(r"tensor<(\d+)x(\d+)x(\d+)x(\d+)x(\d+)xbf16>", builtin_type(view.results[0].type))
+    if not m:
+        return None
+    s, T, h, g, d = (int(v) for v in m.groups())
+    if (s, h, d, T * g) != (S, Hkv, D, R) or builtin_type(q0.type) != f"tensor<{S}x{T}x{Hkv * g}x{D}xbf16>":
+        return None
+    return q0, g, [q.owner, clone, perm, view]
+
+
+def _token_major_out(out, S: int, Hkv: int, R: int, D: int, g: int):
+    """[the ops, users first] of `attend`'s out.view(S, Hkv, T, g, D).permute(0, 2, 1, 3, 4).clone()
+    .view(S, T, Hkv * g * D) when they are OUT's only use chain, else None."""
+    view = next((_only_user(out, v) for v in _VIEWS if _only_user(out, v) is not None), None)
+    perm = view and _only_user(view.results[0], "torch.aten.permute")
+    clone = perm and _only_user(perm.results[0], "torch.aten.clone")
+    last = clone and next((_only_user(clone.results[0], v) for v in _VIEWS
+                           if _only_user(clone.results[0], v) is not None), None)
+    if last is None:
+        return None
+    try:
+        if _list_ints(perm.operands[1]) != _HEADS_TOKENS:
+            return None
+    except DFlashError:
+        return None
+    T = R // g
+    if (builtin_type(view.results[0].type) != f"tensor<{S}x{Hkv}x{T}x{g}x{D}xbf16>"
+            or builtin_type(last.results[0].type) != f"tensor<{S}x{T}x{Hkv * g * D}xbf16>"):
+        return None
+    return [last, clone, perm, view]
+
+
+def splice_attention(module, arch: str, min_rows: int = ATTENTION_MIN_ROWS,
+                     token_major: bool = True) -> list[str] | None:
     """Replace the verify block's `scaled_dot_product_attention` over the KV cache with the block attention.
 
     Taken: q [S, Hkv, R, hd] bf16 with a static min_rows <= R <= 64; k and v the rows [:n] of one
@@ -478,7 +599,10 @@ def splice_attention(module, arch: str, min_rows: int = ATTENTION_MIN_ROWS) -> l
     read in place (kernels/attention.py, `attention_dispatch(S, Hkv, R, hd, L, C, arch)`, one function
     per shape named `dflash_attention_{S}x{Hkv}x{R}x{hd}_{L}x{C}`, the layer a call argument). Every
     other attention stays IREE's (decode, prefill, the drafter's). Archs: CUDA (sm_*) and gfx*.
-    Records (S, Hkv, R, hd, count) per shape in `last_report()["attention"]`. Returns the flags (the
+    When q is `attend`'s transpose of the model's [S, T, Hq, hd] and the result's only use is the
+    transpose back to [S, T, Hq * hd], the kernel takes and gives the model's layout (`g` = Hq / Hkv)
+    and both transposes go (two dispatches a layer; `token_major=False` keeps them). Records (S, Hkv, R, hd, count, and g when
+    taken) per shape in `last_report()["attention"]`. Returns the flags (the
     object search path), or None when nothing was replaced.
     """
     from iree.compiler import ir
@@ -522,21 +646,31 @@ def splice_attention(module, arch: str, min_rows: int = ATTENTION_MIN_ROWS) -> l
                 or why_unsupported(S, Hkv, R, D, L, C, arch)):
             continue
         bits = "" if sc is None else f"_s{f32_bits(sc):08x}"  # one function per f32 scale
-        name = f"dflash_attention_{S}x{Hkv}x{R}x{D}_{L}x{C}{bits}"
-        d = attention_dispatch(S, Hkv, R, D, L, C, arch, name=name, scale=sc)
+        # attend's transposes of q before and of the result after, taken into the kernel's addressing
+        tq = _token_major_q(q, S, Hkv, R, D) if token_major else None
+        tout = tq and _token_major_out(op.results[0], S, Hkv, R, D, tq[1])
+        g = tq[1] if tout else 0
+        name = f"dflash_attention_{S}x{Hkv}x{R}x{D}_{L}x{C}{bits}" + (f"_g{g}" if g else "")
+        d = attention_dispatch(S, Hkv, R, D, L, C, arch, name=name, scale=sc, g=g)
         add_functions(module, d.mlir)
         with op.context, op.location, ir.InsertionPoint(op):
             i32 = ir.IntegerType.get_signless(32)
             layer_v = ir.Operation.create("arith.constant", results=[i32],
                                           attributes={"value": ir.IntegerAttr.get(i32, layer)}).result
-        replace_with_call(op, name, [q, cache, mask, layer_v], [builtin_type(q.type)])
-        key = (S, Hkv, R, D)
+        if g:
+            replace_with_call(tout[0], name, [tq[0], cache, mask, layer_v], [builtin_type(tout[0].results[0].type)])
+            for dead in tout[1:] + [op] + tq[2]:
+                if not list(dead.results[0].uses):
+                    dead.erase()
+        else:
+            replace_with_call(op, name, [q, cache, mask, layer_v], [builtin_type(q.type)])
+        key = (S, Hkv, R, D, g)
         counts[key] = counts.get(key, 0) + 1
         flags += [f for f in d.flags if f not in flags]
     if not counts:
         return None
-    _REPORT["attention"] = [{"S": S, "Hkv": Hkv, "R": R, "head_dim": D, "ops": c}
-                            for (S, Hkv, R, D), c in sorted(counts.items())]
+    _REPORT["attention"] = [{"S": S, "Hkv": Hkv, "R": R, "head_dim": D, "ops": c, **({"g": g} if g else {})}
+                            for (S, Hkv, R, D, g), c in sorted(counts.items())]
     return flags
 
 

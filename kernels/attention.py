@@ -10,7 +10,10 @@ which is `scaled_dot_product_attention(q, k, v, mask)` with k, v the first N = d
 layer `layer` of the cache (keys at [:, layer, 0], values at [:, layer, 1], head h at columns
 [h*D, (h+1)*D)) and the default scale D^-0.5 unless one is given. The algorithm and its numerics
 contract (a row's result is independent of R, of its place in the block and of N past its last
-visible key) are in attention_body.h. GPU archs only; the host CPU keeps its matmul attention.
+visible key) are in attention_body.h. With `g` (query heads per KV head) q and the result are in the
+model's own token-major layout instead, `tensor<S x T x (Hkv*g) x D>` in and `tensor<S x T x
+(Hkv*g*D)>` out with R = T * g (row t * g + j: token t, query head h * g + j), which spares the
+transposes around the attention (export/qwen3.py `attend` writes them). GPU archs only; the host CPU keeps its matmul attention.
 No IREE import here: this module only writes text.
 """
 
@@ -54,6 +57,7 @@ class AttentionDispatch:
     name: str
     scale: float
     mlir: str
+    g: int = 0
     flags: list[str] = field(default_factory=list)
     objects: list[Path] = field(default_factory=list)
 
@@ -90,14 +94,18 @@ def why_unsupported(S: int, Hkv: int, R: int, D: int, L: int, C: int, arch: str)
 
 
 def attention_dispatch(S: int, Hkv: int, R: int, D: int, L: int, C: int, arch: str, *,
-                       name: str = "dflash_attention", scale: float | None = None) -> AttentionDispatch:
+                       name: str = "dflash_attention", scale: float | None = None, g: int = 0) -> AttentionDispatch:
     """Builds the spliceable block attention for S streams, Hkv KV heads, R query rows of head_dim D,
     over a cache of L layers and C rows (max context), on ARCH (sm_80/86/89, gfx1030/1100/1151/1201).
 
     scale: the softmax scale (default D ** -0.5). name: symbol prefix (every symbol starts with it).
-    Raises DFlashError for a shape or arch the kernel does not take, or a missing object.
+    g: 0 for q and the result [S, Hkv, R, D]; else the query heads per KV head, for the model's layout
+    (module docstring). Raises DFlashError for a shape or arch the kernel does not take, a g that
+    does not divide R, or a missing object.
     """
     why = why_unsupported(S, Hkv, R, D, L, C, arch)
+    if not why and (g < 0 or (g and R % g)):
+        why = f"g={g} query heads per KV head do not divide R={R}"
     if why:
         raise DFlashError(f"block attention S={S} Hkv={Hkv} R={R} D={D} over L={L} x C={C} on {arch}: {why}")
     obj = object_file(arch)
@@ -106,17 +114,18 @@ def attention_dispatch(S: int, Hkv: int, R: int, D: int, L: int, C: int, arch: s
     scale = D ** -0.5 if scale is None else scale
     scale_bits = f32_bits(scale * math.log2(math.e), signed=True)
     rg = math.ceil(R / ROWS_PER_WORKGROUP)
-    q_t = f"tensor<{S}x{Hkv}x{R}x{D}xbf16>"
+    q_t = f"tensor<{S}x{Hkv}x{R}x{D}xbf16>" if not g else f"tensor<{S}x{R // g}x{Hkv * g}x{D}xbf16>"
+    o_t = q_t if not g else f"tensor<{S}x{R // g}x{Hkv * g * D}xbf16>"
     c_t = f"tensor<{S}x{L}x2x{C}x{Hkv * D}xbf16>"
     m1, m8 = f"tensor<{S}x1x{R}x?xi1>", f"tensor<{S}x1x{R}x?xi8>"
     n_t = f"tensor<{S * Hkv * rg}xi32>"
     record = S * Hkv * rg * ROWS_PER_WORKGROUP * (D + 2)  # f32 scratch per key chunk
-    text = executable_source(f"{name}_exe", "dflash_attention", arch, obj.name, pipeline_layout(9, 3, 6), THREADS, 3)
+    text = executable_source(f"{name}_exe", "dflash_attention", arch, obj.name, pipeline_layout(10, 3, 6), THREADS, 3)
     # Arrival counters: zero, and left zero by every call (the last workgroup of a row group resets
     # its own), so one global serves every layer; its load/store orders the calls.
     text += f"util.global private mutable @{name}_cnt = dense<0> : {n_t}\n"
-    consts = {"R": R, "D": D, "H": Hkv, "L": L, "C": C, "scale": scale_bits}
-    text += (f"util.func private @{name}(%q: {q_t}, %cache: {c_t}, %mask: {m1}, %layer: i32) -> {q_t} {{\n"
+    consts = {"R": R, "D": D, "H": Hkv, "L": L, "C": C, "scale": scale_bits, "G": g}
+    text += (f"util.func private @{name}(%q: {q_t}, %cache: {c_t}, %mask: {m1}, %layer: i32) -> {o_t} {{\n"
              + "".join(f"    %c{k} = arith.constant {v} : i32\n" for k, v in consts.items())
              + f"    %i3 = arith.constant 3 : index\n    %kc = arith.constant {KEYS_PER_CHUNK} : index\n"
              f"    %rec = arith.constant {record} : index\n"
@@ -127,17 +136,19 @@ def attention_dispatch(S: int, Hkv: int, R: int, D: int, L: int, C: int, arch: s
              f"    %m8 = arith.extui %mask : {m1} to {m8}\n"
              f"    %cnt = util.global.load @{name}_cnt : {n_t}\n"
              f"    %r:3 = flow.dispatch @{name}_exe::@dflash_attention[%chunks, %gy, %gz]"
-             f"(%cR, %n32, %cD, %cH, %layer, %cL, %cC, %ch32, %cscale, %q, %cache, %m8, %cnt)"
-             f" : (i32, i32, i32, i32, i32, i32, i32, i32, i32, {q_t}, {c_t}, {m8}{{%n}}, {n_t})"
-             f" -> (%cnt, {q_t}, tensor<?xf32>{{%psize}})\n"
+             f"(%cR, %n32, %cD, %cH, %layer, %cL, %cC, %ch32, %cscale, %cG, %q, %cache, %m8, %cnt)"
+             f" : (i32, i32, i32, i32, i32, i32, i32, i32, i32, i32, {q_t}, {c_t}, {m8}{{%n}}, {n_t})"
+             f" -> (%cnt, {o_t}, tensor<?xf32>{{%psize}})\n"
              f"    util.global.store %r#0, @{name}_cnt : {n_t}\n"
-             f"    util.return %r#1 : {q_t}\n}}\n")
-    return AttentionDispatch(S=S, Hkv=Hkv, R=R, D=D, L=L, C=C, arch=arch, name=name, scale=scale, mlir=text,
+             f"    util.return %r#1 : {o_t}\n}}\n")
+    return AttentionDispatch(S=S, Hkv=Hkv, R=R, D=D, L=L, C=C, arch=arch, name=name, scale=scale, mlir=text, g=g,
                              flags=[f"--iree-hal-executable-object-search-path={OBJECTS_DIR}"], objects=[obj])
 
 
 def standalone_module(d: AttentionDispatch) -> str:
     """A whole module around D with a public `attention(q, cache, mask, layer) -> out` (benchmarks, checks)."""
+    if d.g:
+        raise DFlashError("standalone_module takes the head-major layout (g = 0)")
     q_t = f"tensor<{d.S}x{d.Hkv}x{d.R}x{d.D}xbf16>"
     c_t = f"tensor<{d.S}x{d.L}x2x{d.C}x{d.Hkv * d.D}xbf16>"
     m1 = f"tensor<{d.S}x1x{d.R}x?xi1>"

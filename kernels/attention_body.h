@@ -4,11 +4,13 @@
  * of R query rows (the block's B tokens times the g query heads that share h, export/qwen3.py
  * `attend`), over the first N cache rows. q, the cache and out are bf16; every sum is f32.
  *
- *   q     bf16 [S, Hkv, R, D]              query rows, already rotated
+ *   q     bf16 [S, Hkv, R, D]              query rows, already rotated (G = 0), or the model's own
+ *         bf16 [S, T, Hkv, G, D]           layout, row r = t * G + j being query head h * G + j of
+ *                                          token t (G > 0, R = T * G): no transpose before or after
  *   cache bf16 [S, L, 2, C, Hkv * D]       the target's KV cache (export/qwen3.py `write_cache`),
  *                                          read in place: keys of layer l at [s, l, 0, :N], values at [s, l, 1, :N]
  *   mask  i8   [S, R, N]                   nonzero: the row attends to that key
- *   out   bf16 [S, Hkv, R, D]
+ *   out   bf16 [S, Hkv, R, D] (G = 0), [S, T, Hkv, G, D] (G > 0)
  *
  * Decomposition (flash decoding: Dao et al., "Flash-Decoding for long-context inference", 2023, and
  * the online softmax of Milakov & Gimelshein, arXiv:1805.02867). Workgroup (c, h * RG + rg, s) takes
@@ -107,11 +109,16 @@ KG_FN void at_row_keep(float (*red)[AT_TPR], float* sm, float* sl, int r, int pt
   }
 }
 
+/* Element offset of query (and output) row r of KV head h in stream s, in q's layout (G above). */
+KG_FN long at_row(int s, int h, int r, int R, int Hkv, int D, int G) {
+  return G ? ((((long)s * (R / G) + r / G) * Hkv + h) * G + r % G) * D : (((long)s * Hkv + h) * R + r) * D;
+}
+
 /* One workgroup. part holds, per (s, h, rg, c), 16 rows of D + 2 floats: o[0..D), m, l. */
 KG_FN void at_workgroup(const unsigned short* __restrict__ q, const unsigned short* __restrict__ cache,
                         const signed char* __restrict__ mask, int* cnt, unsigned short* __restrict__ out,
                         float* __restrict__ part, int R, int N, int D, int Hkv, int layer, int L, int C,
-                        int chunks, float scale_log2, int c, int hr, int s, int tid) {
+                        int chunks, float scale_log2, int G, int c, int hr, int s, int tid) {
   KG_SHARED unsigned sq[AT_RW][AT_W];
   KG_SHARED unsigned sk[AT_KC][AT_PAD];
   KG_SHARED unsigned sv[AT_KC][AT_PAD];
@@ -127,7 +134,6 @@ KG_FN void at_workgroup(const unsigned short* __restrict__ q, const unsigned sho
   const int W = D / 2, KV = Hkv * D;
   const long kbase = (((long)s * L + layer) * 2 * C) * KV + (long)h * D; /* element offset of key 0, head h */
   const long vbase = kbase + (long)C * KV;
-  const unsigned* q32 = (const unsigned*)(q + (((long)s * Hkv + h) * R + r0) * D);
 
   /* Stage q, keys and values in 16-byte loads, all issued before the first store. */
   const int V4 = D / 8; /* 16-byte vectors per row */
@@ -135,7 +141,7 @@ KG_FN void at_workgroup(const unsigned short* __restrict__ q, const unsigned sho
 #pragma unroll
   for (int i = 0; i < AT_RW * AT_W / 4 / AT_T; ++i) {
     int e = tid + AT_T * i, r = e / V4;
-    qv[i] = r < rows ? *(const at_u4*)(q32 + (long)r * W + 4 * (e % V4)) : (at_u4){0u, 0u, 0u, 0u};
+    qv[i] = r < rows ? *(const at_u4*)(q + at_row(s, h, r0 + r, R, Hkv, D, G) + 8 * (e % V4)) : (at_u4){0u, 0u, 0u, 0u};
   }
 #pragma unroll
   for (int i = 0; i < AT_KC * AT_W / 4 / AT_T; ++i) {
@@ -308,11 +314,10 @@ KG_FN void at_workgroup(const unsigned short* __restrict__ q, const unsigned sho
       }
     }
   }
-  unsigned short* o16 = out + (((long)s * Hkv + h) * R + r0) * D;
 #pragma unroll
   for (int i = 0; i < AT_EPT; ++i) {
     int e = tid + AT_T * i, r = e / D;
-    if (r < rows) o16[e] = kg_bf16(sl[r] > 0.0f ? acc[i] / sl[r] : 0.0f);
+    if (r < rows) out[at_row(s, h, r0 + r, R, Hkv, D, G) + e % D] = kg_bf16(sl[r] > 0.0f ? acc[i] / sl[r] : 0.0f);
   }
   if (tid == 0) __scoped_atomic_store_n(&cnt[ci], 0, __ATOMIC_RELAXED, __MEMORY_SCOPE_DEVICE);
 }

@@ -4,7 +4,8 @@
  *
  *   dflash_attention(q bf16[S*Hkv*R*D], cache bf16[S*L*2*C*Hkv*D], mask i8[S*R*N], cnt i32[S*Hkv*RG],
  *                    out bf16[S*Hkv*R*D], part f32[S*Hkv*RG*chunks*16*(D+2)],
- *                    R, N, D, Hkv, layer, L, C, chunks, bits of scale * log2(e))
+ *                    R, N, D, Hkv, layer, L, C, chunks, bits of scale * log2(e), G)
+ *       G = 0: q and out head-major [S, Hkv, R, D]; G > 0: the model's token-major [S, R / G, Hkv, G, D]
  *       grid (chunks = ceil(N / 64), Hkv * RG, S) with RG = ceil(R / 16); 256 threads;
  *       cnt is zero on entry and left zero; part is scratch.
  */
@@ -15,9 +16,9 @@ extern "C" __global__ void KG_LAUNCH(AT_T)
 dflash_attention(const unsigned short* __restrict__ q, const unsigned short* __restrict__ cache,
                  const signed char* __restrict__ mask, int* cnt, unsigned short* __restrict__ out,
                  float* __restrict__ part, int R, int N, int D, int Hkv, int layer, int L, int C, int chunks,
-                 int scale_bits) {
+                 int scale_bits, int G) {
   union { int i; float f; } sc;
   sc.i = scale_bits;
-  at_workgroup(q, cache, mask, cnt, out, part, R, N, D, Hkv, layer, L, C, chunks, sc.f, KG_WG_X(), KG_WG_Y(),
+  at_workgroup(q, cache, mask, cnt, out, part, R, N, D, Hkv, layer, L, C, chunks, sc.f, G, KG_WG_X(), KG_WG_Y(),
                KG_WG_Z(), KG_TID());
 }

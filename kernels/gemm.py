@@ -8,6 +8,10 @@ private` that calls it:
 
 With N a tuple of 2 or 3 row counts it multiplies one x by that many weights in one dispatch
 (`@{name}(%x, %w0, %w1[, %w2]) -> (y0, y1[, y2])`: a layer's q, k and v projections, gate and up).
+With an epilogue it also does the op the model applies next, which then costs no dispatch of its own:
+`epilogue="residual"`, `@{name}(%x, %w, %r) -> r + x . W^T` (the add after o_proj and down_proj);
+`epilogue="swiglu"`, `@{name}(%x, %w_gate, %w_up) -> silu(x . W_gate^T) * (x . W_up^T)` (the MLP's
+input to down_proj); each op rounded to bf16 as the eager model rounds it.
 The plan (columns per workgroup, k splits, workgroups along the columns) depends on (the N's, K,
 arch) only, never on M: every row of y is computed by the same sequence of instructions whatever M
 is (see gemm_body.h, numerics contract). GPU archs only (CUDA sm_80/86/89 and RDNA3/4
@@ -29,6 +33,7 @@ HIP_ARCHS = ("gfx1100", "gfx1151", "gfx1201")
 ARCHS = CUDA_ARCHS + HIP_ARCHS
 MAX_M = 64
 MAX_WEIGHTS = 3  # weights of one x in one dispatch (q, k, v)
+EPILOGUES = ("residual", "swiglu")
 
 # Per backend, as compiled into the objects (gemm_gpu.cu): threads per workgroup, columns per
 # workgroup (GM_WARPS * GM_CW * GM_TN) and k-values per chunk (GM_KC): a split's k range is a
@@ -55,8 +60,10 @@ _UNITS = {"sm_80": 132, "sm_86": 84, "sm_89": 128, "gfx1100": 96, "gfx1151": 40,
 @dataclass(frozen=True)
 class GemmPlan:
     """How the weights [N_g, K] of one dispatch are cut on one arch: col_blocks column blocks (each
-    weight ceil(N_g / block_n) of them, after the previous weight's) x `splits` k splits of KR = K /
-    splits k-values, on a grid of (grid_x, splits) workgroups, each taking blocks grid_x apart."""
+    weight ceil(N_g / block_n) of them, after the previous weight's; `paired`, the swiglu epilogue's
+    two weights: ceil(N_0 / (block_n / 2)) blocks of block_n / 2 columns of both) x `splits` k splits
+    of KR = K / splits k-values, on a grid of (grid_x, splits) workgroups, each taking blocks grid_x
+    apart."""
 
     Ns: tuple[int, ...]
     K: int
@@ -65,6 +72,7 @@ class GemmPlan:
     splits: int
     threads: int
     grid_x: int  # workgroups along the column blocks: col_blocks, or fewer that take them in turn
+    paired: bool = False
 
     @property
     def N(self) -> int:
@@ -72,7 +80,7 @@ class GemmPlan:
 
     @property
     def col_blocks(self) -> int:
-        return _col_blocks(self.Ns, self.block_n)
+        return _col_blocks(self.Ns[:1], self.block_n // 2) if self.paired else _col_blocks(self.Ns, self.block_n)
 
     @property
     def passes(self) -> int:
@@ -92,9 +100,11 @@ class GemmDispatch:
     mlir:    module-body text: the executable `@{name}_mm`, the global `@{name}_cnt` (split-K arrival
              counters, zero between calls) and the function: with one weight
              `util.func private @{name}(tensor<MxKxbf16>, tensor<NxKxbf16>) -> tensor<MxNxbf16>`, with
-             G weights `@{name}(x, w0, .., w{G-1}) -> (y0, .., y{G-1})`.
+             G weights `@{name}(x, w0, .., w{G-1}) -> (y0, .., y{G-1})`; with an epilogue,
+             `@{name}(x, w, r) -> y` (residual) or `@{name}(x, w_gate, w_up) -> y` (swiglu).
     flags:   what `iree-compile` needs besides the device target (the object search path).
     objects: the object files the text refers to.
+    epilogue: None, "residual" or "swiglu" (gemm_dispatch).
     """
 
     M: int
@@ -106,6 +116,7 @@ class GemmDispatch:
     mlir: str
     flags: list[str] = field(default_factory=list)
     objects: list[Path] = field(default_factory=list)
+    epilogue: str | None = None
 
     @property
     def N(self) -> int:
@@ -166,13 +177,14 @@ def _weights(N) -> tuple[int, ...]:
     return Ns
 
 
-def gemm_plan(N, K: int, arch: str, splits: int | None = None) -> GemmPlan:
+def gemm_plan(N, K: int, arch: str, splits: int | None = None, paired: bool = False) -> GemmPlan:
     """The plan for weights of N rows (an int, or a tuple of 1..3 for one grouped dispatch) and K
     columns on ARCH: the fewest k splits (dividing K into whole chunks) that give at least `per_unit`
     workgroups per multiprocessor over all the weights' column blocks, with at least 8 chunks per
     split (else the most splits that keep 8 chunks); then, on CUDA with one split, where the blocks
     would take 2 to _MAX_PASSES waves of resident workgroups, that many passes of fewer workgroups.
-    SPLITS overrides (benchmarks only). The plan is the same for every M (the numerics contract).
+    SPLITS overrides (benchmarks only). PAIRED: two equal weights side by side in each block (the
+    swiglu epilogue). The plan is the same for every M (the numerics contract).
 
     Raises:
         DFlashError: an arch without the kernel, more than 3 weights, a row count that is not an
@@ -181,7 +193,9 @@ def gemm_plan(N, K: int, arch: str, splits: int | None = None) -> GemmPlan:
     b = _backend(arch)
     Ns = _weights(N)
     rounds = K // b["chunk"]
-    col_blocks = _col_blocks(Ns, b["bn"])
+    if paired and (len(Ns) != 2 or Ns[0] != Ns[1]):
+        raise DFlashError(f"a paired (swiglu) plan takes two weights of equal rows, got {Ns}")
+    col_blocks = _col_blocks(Ns[:1], b["bn"] // 2) if paired else _col_blocks(Ns, b["bn"])
     if splits is None:
         target = b["per_unit"] * _UNITS[arch]
         most = max(1, rounds // _MIN_CHUNKS)  # a split keeps at least _MIN_CHUNKS chunks
@@ -194,7 +208,8 @@ def gemm_plan(N, K: int, arch: str, splits: int | None = None) -> GemmPlan:
         passes = math.ceil(col_blocks / (b["resident"] * _UNITS[arch]))
         if 1 < passes <= _MAX_PASSES:
             grid_x = math.ceil(col_blocks / passes)
-    return GemmPlan(Ns=Ns, K=K, arch=arch, block_n=b["bn"], splits=splits, threads=b["threads"], grid_x=grid_x)
+    return GemmPlan(Ns=Ns, K=K, arch=arch, block_n=b["bn"], splits=splits, threads=b["threads"], grid_x=grid_x,
+                    paired=paired)
 
 
 def executable_target(arch: str) -> str:
@@ -219,13 +234,21 @@ def pipeline_layout(constants: int, read_only: int, bindings: int) -> str:
     return f"#hal.pipeline.layout<constants = {constants}, bindings = [{', '.join(b)}]>"
 
 
+def entry_attribute(entry: str) -> str:
+    """The attributes that keep an executable of ENTRY apart from those of the object's other entry
+    points: iree-compile deduplicates executables that differ only in their export's name (it takes
+    it for a symbol), so two dispatches of one object with the same layout and workgroup count,
+    e.g. `dflash_gemm_mt1` and `dflash_gemm_mt2`, would otherwise both launch one of them."""
+    return f'attributes {{dflash.entry = "{entry}"}}'
+
+
 def executable_source(sym: str, entry: str, arch: str, obj: str, layout: str, threads: int, workload: int) -> str:
     """A `hal.executable.source` @SYM exporting ENTRY of object OBJ, THREADS threads a workgroup, whose
     workgroup count is its first WORKLOAD workload values (the rest 1)."""
     wl = "".join(f", %w{i}: index" for i in range(workload))
     count = ", ".join([f"%w{i}" for i in range(workload)] + ["%c1"] * (3 - workload))
     return (f"hal.executable.source private @{sym} <objects = <{{{executable_target(arch)} = "
-            f"[#hal.executable.object<{{path = \"{obj}\"}}>]}}>> {{\n"
+            f"[#hal.executable.object<{{path = \"{obj}\"}}>]}}>> {entry_attribute(entry)} {{\n"
             f"  hal.executable.export public @{entry} ordinal(0) layout({layout})"
             f" count(%device: !hal.device{wl}) -> (index, index, index) {{\n"
             f"    %c1 = arith.constant 1 : index\n    hal.return {count} : index, index, index\n  }}"
@@ -233,7 +256,8 @@ def executable_source(sym: str, entry: str, arch: str, obj: str, layout: str, th
 
 
 def gemm_dispatch(M: int, N, K: int, arch: str, *, name: str = "dflash_gemm",
-                  splits: int | None = None) -> GemmDispatch:
+                  splits: int | None = None, epilogue: str | None = None,
+                  out_shape: tuple[int, ...] | None = None) -> GemmDispatch:
     """Builds the spliceable skinny GEMM y[M, N] = x[M, K] . W[N, K]^T on ARCH, or with N a tuple of
     1..3 row counts, y_g = x . W_g^T for several weights of one x in one dispatch (the q, k and v
     projections of a layer; gate and up).
@@ -241,57 +265,89 @@ def gemm_dispatch(M: int, N, K: int, arch: str, *, name: str = "dflash_gemm",
     M (1..64), each N (multiple of 16), K (multiple of 32 on CUDA, 16 on gfx): static shapes; x, W
     and y are bf16, the sums f32 (one rounding to bf16 at the end). arch: sm_80/86/89 or
     gfx1100/1151/1201. name: symbol prefix (every symbol starts with it). splits: override the plan's
-    k splits (benchmarks; the numerics then differ from the default plan's). Raises DFlashError for
-    a shape or arch the kernel does not take, or a missing object.
+    k splits (benchmarks; the numerics then differ from the default plan's).
+    epilogue: None; "residual" (one weight: `@{name}(%x, %w, %r) -> bf16(r + bf16(x . W^T))`, r and
+    the result [M, N]); "swiglu" (N = (n, n), gate then up: `@{name}(%x, %w_gate, %w_up) ->
+    bf16(bf16(silu(g)) * u)` with g, u the two products rounded to bf16, [M, n]). out_shape: the
+    epilogue's r and result shape (default (M, N); any shape of M * N elements, e.g. the model's
+    [1, M, N]). kernels/gemm_body.h, "Epilogues", has the roundings.
+
+    Raises:
+        DFlashError: a shape or arch the kernel does not take, an unknown epilogue or one whose
+            weights do not fit it, an out_shape of another size, or a missing object.
     """
     Ns = _weights(N)
     for n in Ns:
         why = why_unsupported(M, n, K, arch)
         if why:
             raise DFlashError(f"skinny GEMM [{M}x{K}] x [{n}x{K}]^T on {arch}: {why}")
+    if epilogue not in (None, *EPILOGUES):
+        raise DFlashError(f"skinny GEMM epilogue {epilogue!r}: use one of {EPILOGUES} or None")
+    if epilogue == "residual" and len(Ns) != 1:
+        raise DFlashError(f"the residual epilogue takes one weight, got {len(Ns)}")
+    if epilogue == "swiglu" and (len(Ns) != 2 or Ns[0] != Ns[1]):
+        raise DFlashError(f"the swiglu epilogue takes two weights (gate, up) of equal rows, got {Ns}")
     obj = object_file(arch)
     if not obj.is_file():
         raise DFlashError(f"{obj} is missing: run `make kernels` to build the kernel objects")
-    plan = gemm_plan(Ns, K, arch, splits)
+    plan = gemm_plan(Ns, K, arch, splits, paired=epilogue == "swiglu")
     G, mt = len(Ns), math.ceil(M / 16)  # 16-row m-tiles: with G, the entry point of the object
-    entry = f"dflash_gemm{G if G > 1 else ''}_mt{mt}"
     S, KR, cb = plan.splits, plan.kr, plan.col_blocks
     x_t, c_t = f"tensor<{M}x{K}xbf16>", f"tensor<{cb}xi32>"
     w_t = [f"tensor<{n}x{K}xbf16>" for n in Ns]
-    y_t = [f"tensor<{M}x{n}xbf16>" for n in Ns]
+    w = ["%w"] if G == 1 else [f"%w{g}" for g in range(G)]
     # Split partials (scratch): each weight's [S, M, N_g] after the previous weight's; only the size counts.
     p_t = f"tensor<{S}x{M}x{plan.N}xf32>" if S > 1 else "tensor<1xf32>"
-    w = ["%w"] if G == 1 else [f"%w{g}" for g in range(G)]
-    layout = pipeline_layout(5 + G, 1 + G, 2 * G + 3)
+    if epilogue is None:
+        entry = f"dflash_gemm{G if G > 1 else ''}_mt{mt}"
+        ins, in_t = w, w_t
+        y_t = [f"tensor<{M}x{n}xbf16>" for n in Ns]
+    else:
+        n = Ns[0]
+        shape = tuple(out_shape) if out_shape is not None else (M, n)
+        if math.prod(shape) != M * n:
+            raise DFlashError(f"skinny GEMM epilogue: out_shape {shape} does not hold [{M}, {n}]")
+        o_t = f"tensor<{'x'.join(map(str, shape))}xbf16>"
+        y_t = [o_t]
+        if epilogue == "residual":
+            entry, ins, in_t = f"dflash_gemm_res_mt{mt}", w + ["%res"], w_t + [o_t]
+        else:
+            entry, ins, in_t = f"dflash_swiglu_mt{mt}", w, w_t
+        Ns = Ns[:1]  # the constants: one N (the kernel's columns of each weight)
+    consts = [("M", M), ("K", K), ("KR", KR), ("S", S), ("GX", plan.grid_x)] + [(f"N{g}", n) for g, n in enumerate(Ns)]
+    layout = pipeline_layout(len(consts), 1 + len(ins), len(ins) + len(y_t) + 3)
     text = executable_source(f"{name}_mm", entry, arch, obj.name, layout, plan.threads, 2)
     # The split-K arrival counters: zero, and left zero by every call (the last workgroup of a column
     # block resets its counter), so one module global serves every call of this function.
     text += f"util.global private mutable @{name}_cnt = dense<0> : {c_t}\n"
-    args = ", ".join(f"{v}: {t}" for v, t in zip(w, w_t))
-    results = y_t[0] if G == 1 else f"({', '.join(y_t)})"
-    consts = [("M", M), ("K", K), ("KR", KR), ("S", S), ("GX", plan.grid_x)] + [(f"N{g}", n) for g, n in enumerate(Ns)]
+    args = ", ".join(f"{v}: {t}" for v, t in zip(ins, in_t))
+    results = y_t[0] if len(y_t) == 1 else f"({', '.join(y_t)})"
     text += f"util.func private @{name}(%x: {x_t}, {args}) -> {results} {{\n"
     text += "".join(f"    %c{c} = arith.constant {v} : i32\n" for c, v in consts)
     text += (f"    %gx = arith.constant {plan.grid_x} : index\n    %gy = arith.constant {S} : index\n"
              f"    %c = util.global.load @{name}_cnt : {c_t}\n"
-             f"    %r:{G + 2} = flow.dispatch @{name}_mm::@{entry}[%gx, %gy]"
-             f"({', '.join(f'%c{c}' for c, _ in consts)}, %x, {', '.join(w)}, %c)"
-             f" : ({', '.join(['i32'] * len(consts))}, {x_t}, {', '.join(w_t)}, {c_t})"
+             f"    %r:{len(y_t) + 2} = flow.dispatch @{name}_mm::@{entry}[%gx, %gy]"
+             f"({', '.join(f'%c{c}' for c, _ in consts)}, %x, {', '.join(ins)}, %c)"
+             f" : ({', '.join(['i32'] * len(consts))}, {x_t}, {', '.join(in_t)}, {c_t})"
              f" -> (%c, {', '.join(y_t)}, {p_t})\n"
              f"    util.global.store %r#0, @{name}_cnt : {c_t}\n"
-             f"    util.return {', '.join(f'%r#{g + 1}' for g in range(G))} : {', '.join(y_t)}\n}}\n")
-    return GemmDispatch(M=M, Ns=Ns, K=K, arch=arch, name=name, plan=plan, mlir=text,
-                        flags=[f"--iree-hal-executable-object-search-path={OBJECTS_DIR}"], objects=[obj])
+             f"    util.return {', '.join(f'%r#{g + 1}' for g in range(len(y_t)))} : {', '.join(y_t)}\n}}\n")
+    return GemmDispatch(M=M, Ns=_weights(N), K=K, arch=arch, name=name, plan=plan, mlir=text,
+                        flags=[f"--iree-hal-executable-object-search-path={OBJECTS_DIR}"], objects=[obj],
+                        epilogue=epilogue)
 
 
 def standalone_module(d: GemmDispatch) -> str:
-    """A whole module around D with a public `gemm(x, w0, ..) -> (y0, ..)`."""
+    """A whole module around D with a public `gemm(x, w0, ..[, r]) -> (y0, ..)` (D's function's
+    arguments and results, out_shape left at its default)."""
     x_t = f"tensor<{d.M}x{d.K}xbf16>"
-    w_t = [f"tensor<{n}x{d.K}xbf16>" for n in d.Ns]
+    in_t = [f"tensor<{n}x{d.K}xbf16>" for n in d.Ns]
     y_t = [f"tensor<{d.M}x{n}xbf16>" for n in d.Ns]
-    G = len(d.Ns)
-    w = ", ".join(f"%w{g}: {t}" for g, t in enumerate(w_t))
-    return (f"module @gemm_check {{\n{d.mlir}util.func public @gemm(%x: {x_t}, {w}) -> ({', '.join(y_t)}) {{\n"
-            f"    %y:{G} = util.call @{d.func}(%x, {', '.join(f'%w{g}' for g in range(G))})"
-            f" : ({x_t}, {', '.join(w_t)}) -> ({', '.join(y_t)})\n"
-            f"    util.return {', '.join(f'%y#{g}' for g in range(G))} : {', '.join(y_t)}\n}}\n}}\n")
+    if d.epilogue is not None:
+        y_t = y_t[:1]
+        in_t += y_t if d.epilogue == "residual" else []
+    args = ", ".join(f"%a{i}: {t}" for i, t in enumerate(in_t))
+    return (f"module @gemm_check {{\n{d.mlir}util.func public @gemm(%x: {x_t}, {args}) -> ({', '.join(y_t)}) {{\n"
+            f"    %y:{len(y_t)} = util.call @{d.func}(%x, {', '.join(f'%a{i}' for i in range(len(in_t)))})"
+            f" : ({x_t}, {', '.join(in_t)}) -> ({', '.join(y_t)})\n"
+            f"    util.return {', '.join(f'%y#{g}' for g in range(len(y_t)))} : {', '.join(y_t)}\n}}\n}}\n")

@@ -46,6 +46,17 @@
  *   GM_FENCE()                    device-scope memory fence (orders the partials and the count)
  * The number of m-tiles MT (1..4) and of weights G (1..3) are template parameters: one entry point
  * per (G, MT).
+ *
+ * Epilogues (gm_single): instead of y = bf16(sum), the op the model applies next, so that it costs no
+ * dispatch of its own (each is a launch on the step's critical path):
+ *   GM_EPI_RESIDUAL  y = bf16(r + bf16(sum)), r bf16 [M, N]: the residual add after o_proj and down_proj.
+ *   GM_EPI_SWIGLU    two weights, gate and up, side by side: a block is GM_BN / 2 columns of each, the
+ *                    first half of the warps take the gate's, the second half up's; y [M, N] =
+ *                    bf16(bf16(silu(g)) * u) with g, u the two sums rounded to bf16 (y of the plain
+ *                    grouped dispatch).
+ * Both repeat the roundings of the eager bf16 model (each op rounds its result to bf16; PyTorch
+ * computes silu(a) = a / (1 + exp(-a)) in f32), and each weight's sums are the plain kernel's, so the
+ * numerics contract above holds per weight.
  */
 #ifndef DFLASH_GEMM_BODY_H
 #define DFLASH_GEMM_BODY_H
@@ -56,15 +67,40 @@
 /* f32 -> bf16 bits, round to nearest even; NaN stays a (quiet) NaN: gpu.h's. */
 #define gm_bf16 kg_bf16
 
-/* Column block wg_x (of ceil(N / GM_BN)), split wg_y (of S) of one weight, as one workgroup does
- * it. When S == 1, y is bf16[M*N]; otherwise part is f32[S*M*N] (split-major scratch) and cnt
- * int32[ceil(N / GM_BN)] is zero on entry and left zero. */
-template <int GM_MT>
+#define GM_EPI_NONE 0
+#define GM_EPI_RESIDUAL 1
+#define GM_EPI_SWIGLU 2
+
+GM_FN float gm_f32(unsigned short b) {
+  union { unsigned u; float f; } v;
+  v.u = (unsigned)b << 16;
+  return v.f;
+}
+
+GM_FN unsigned short gm_residual(float s, unsigned short r) { return gm_bf16(gm_f32(r) + gm_f32(gm_bf16(s))); }
+
+/* silu from the hardware exp2 (rel. error ~2^-22, far below a bf16 ulp; 2^inf = inf gives -0 as PyTorch). */
+GM_FN unsigned short gm_swiglu(unsigned short g, unsigned short u) {
+  const float a = gm_f32(g);
+  const float silu = a / (1.0f + KG_EXP2(-a * 1.4426950408889634f));
+  return gm_bf16(gm_f32(gm_bf16(silu)) * gm_f32(u));
+}
+
+/* Column block wg_x (of ceil(N / GM_BN); GM_EPI_SWIGLU: ceil(N / (GM_BN / 2))), split wg_y (of S) of
+ * one weight (GM_EPI_SWIGLU: w the gate's, w1 up's), as one workgroup does it. When S == 1, y is
+ * bf16[M*N]; otherwise part is f32[S*M*N] (split-major scratch; GM_EPI_SWIGLU: the gate's, then
+ * up's) and cnt int32[blocks] is zero on entry and left zero. r: GM_EPI_RESIDUAL's bf16[M*N]. */
+template <int GM_MT, int GM_EPI = GM_EPI_NONE>
 GM_FN void gm_workgroup(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
                         unsigned short* __restrict__ y, float* __restrict__ part, int* cnt, int M, int N, int K,
-                        int KR, int S, int wg_x, int wg_y, int tid) {
+                        int KR, int S, int wg_x, int wg_y, int tid, const unsigned short* __restrict__ w1 = 0,
+                        const unsigned short* __restrict__ r = 0) {
   const int warp = tid / GM_LANES;
-  const int col_w = wg_x * GM_BN + warp * (GM_CW * GM_TN); /* this warp's first column */
+  const int half = GM_EPI == GM_EPI_SWIGLU ? warp / (GM_WARPS / 2) : 0; /* 1: an up warp */
+  const int bn = GM_EPI == GM_EPI_SWIGLU ? GM_BN / 2 : GM_BN;
+  const int wh = warp - half * (GM_WARPS / 2);
+  const int col_w = wg_x * bn + wh * (GM_CW * GM_TN); /* this warp's first column */
+  if (half) w = w1, part += (long)S * M * N;
   const int k0 = wg_y * KR;
   gm_acc acc[GM_MT][GM_CW];
   int ok[GM_CW];
@@ -105,6 +141,37 @@ GM_FN void gm_workgroup(const unsigned short* __restrict__ x, const unsigned sho
       for (int c = 0; c < GM_CW; ++c) gm_mma(&acc[mt][c], &xf, &wf[c]);
     }
   }
+  if (GM_EPI == GM_EPI_SWIGLU && S == 1) { /* up's rounded sums go to the gate warps holding the same outputs */
+    GM_SHARED unsigned short gm_up[GM_WARPS / 2][GM_MT][GM_CW][GM_ACC_N][GM_LANES];
+    const int lane = tid % GM_LANES;
+#pragma unroll
+    for (int mt = 0; mt < GM_MT; ++mt)
+#pragma unroll
+      for (int c = 0; c < GM_CW; ++c)
+#pragma unroll
+        for (int i = 0; i < GM_ACC_N; ++i) {
+          int rr, cc;
+          float v = gm_acc_get(&acc[mt][c], i, &rr, &cc);
+          if (half) gm_up[wh][mt][c][i][lane] = gm_bf16(v);
+        }
+    GM_BARRIER();
+    if (!half)
+#pragma unroll
+      for (int mt = 0; mt < GM_MT; ++mt)
+#pragma unroll
+        for (int c = 0; c < GM_CW; ++c) {
+          if (!ok[c]) continue;
+#pragma unroll
+          for (int i = 0; i < GM_ACC_N; ++i) {
+            int rr, cc;
+            float v = gm_acc_get(&acc[mt][c], i, &rr, &cc);
+            int row = mt * 16 + rr, col = col_w + c * GM_TN + cc;
+            if (row < M) y[row * N + col] = gm_swiglu(gm_bf16(v), gm_up[wh][mt][c][i][lane]);
+          }
+        }
+    GM_BARRIER(); /* gm_up is free for this workgroup's next block */
+    return;
+  }
 #pragma unroll
   for (int mt = 0; mt < GM_MT; ++mt)
 #pragma unroll
@@ -112,17 +179,18 @@ GM_FN void gm_workgroup(const unsigned short* __restrict__ x, const unsigned sho
       if (!ok[c]) continue;
 #pragma unroll
       for (int i = 0; i < GM_ACC_N; ++i) {
-        int r, cc;
-        float v = gm_acc_get(&acc[mt][c], i, &r, &cc);
-        int row = mt * 16 + r, col = col_w + c * GM_TN + cc;
+        int rr, cc;
+        float v = gm_acc_get(&acc[mt][c], i, &rr, &cc);
+        int row = mt * 16 + rr, col = col_w + c * GM_TN + cc;
         if (row >= M) continue;
         if (S == 1)
-          y[row * N + col] = gm_bf16(v);
+          y[row * N + col] = GM_EPI == GM_EPI_RESIDUAL ? gm_residual(v, r[row * N + col]) : gm_bf16(v);
         else
           part[((long)wg_y * M + row) * N + col] = v;
       }
     }
   if (S == 1) return;
+  if (half) part -= (long)S * M * N;
   /* Split-K: the last workgroup of this column block to finish adds the partials in split order. */
   GM_SHARED int gm_last;
   GM_FENCE();
@@ -132,18 +200,24 @@ GM_FN void gm_workgroup(const unsigned short* __restrict__ x, const unsigned sho
   GM_BARRIER();
   if (!gm_last) return;
   GM_FENCE();
-  const int c0 = wg_x * GM_BN;
-  const int cols = N - c0 < GM_BN ? N - c0 : GM_BN;
+  const int c0 = wg_x * bn;
+  const int cols = N - c0 < bn ? N - c0 : bn;
   for (int e = tid; e < M * cols; e += GM_WARPS * GM_LANES) {
     int row = e / cols, col = c0 + e % cols;
     const int* p = (const int*)part + (long)row * N + col;
-    float s = 0.0f;
+    float s = 0.0f, s1 = 0.0f;
     for (int sp = 0; sp < S; ++sp) {
       union { int i; float f; } u;
       u.i = __scoped_atomic_load_n(p + (long)sp * M * N, __ATOMIC_RELAXED, __MEMORY_SCOPE_DEVICE);
       s += u.f;
+      if (GM_EPI == GM_EPI_SWIGLU) {
+        u.i = __scoped_atomic_load_n(p + (long)(S + sp) * M * N, __ATOMIC_RELAXED, __MEMORY_SCOPE_DEVICE);
+        s1 += u.f;
+      }
     }
-    y[row * N + col] = gm_bf16(s);
+    y[row * N + col] = GM_EPI == GM_EPI_SWIGLU     ? gm_swiglu(gm_bf16(s), gm_bf16(s1))
+                       : GM_EPI == GM_EPI_RESIDUAL ? gm_residual(s, r[row * N + col])
+                                                   : gm_bf16(s);
   }
   if (tid == 0) __scoped_atomic_store_n(&cnt[wg_x], 0, __ATOMIC_RELAXED, __MEMORY_SCOPE_DEVICE);
 }
@@ -185,6 +259,22 @@ GM_FN void gm_group(const unsigned short* __restrict__ x, const unsigned short* 
 #else
   (void)GX; /* the plan gives GX = the block count on this backend: one block a workgroup */
   gm_group_block<GM_MT, GM_G>(x, w0, w1, w2, cnt, y0, y1, y2, part, M, K, KR, S, N0, N1, N2, cb0, cb1, wg_x, wg_y, tid);
+#endif
+}
+
+/* One workgroup of a single-weight dispatch with an epilogue (GM_EPI_RESIDUAL: w0, r; GM_EPI_SWIGLU:
+ * w0 = gate, w1 = up): grid GX x S, workgroup (wg_x, s) does split s of column blocks wg_x, wg_x + GX, ... */
+template <int GM_MT, int GM_EPI>
+GM_FN void gm_single(const unsigned short* __restrict__ x, const unsigned short* w0, const unsigned short* w1,
+                     const unsigned short* r, int* cnt, unsigned short* y, float* part, int M, int K, int KR, int S,
+                     int GX, int N, int wg_x, int wg_y, int tid) {
+#if GM_BLOCK_LOOP
+  const int bn = GM_EPI == GM_EPI_SWIGLU ? GM_BN / 2 : GM_BN;
+  for (int b = wg_x; b < (N + bn - 1) / bn; b += GX)
+    gm_workgroup<GM_MT, GM_EPI>(x, w0, y, part, cnt, M, N, K, KR, S, b, wg_y, tid, w1, r);
+#else
+  (void)GX;
+  gm_workgroup<GM_MT, GM_EPI>(x, w0, y, part, cnt, M, N, K, KR, S, wg_x, wg_y, tid, w1, r);
 #endif
 }
 

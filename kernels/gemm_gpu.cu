@@ -12,6 +12,12 @@
  *   dflash_gemm{2,3}_mt{1,2,3,4}(x, w0, w1[, w2], cnt, y0, y1[, y2], part, M, K, KR, S, GX, N0, N1[, N2])
  *       the same for 2 or 3 weights of one x: their column blocks (sum_g N_g / GM_BN) in one grid
  *       (GX, S, 1); cnt and part hold the weights' counters and partials one after the other
+ *   dflash_gemm_res_mt{1,2,3,4}(x, w0, r bf16[M*N], cnt, y0, part, M, K, KR, S, GX, N)
+ *       y0 = bf16(r + bf16(x . w0^T)): the residual add after a projection (gemm_body.h, epilogues)
+ *   dflash_swiglu_mt{1,2,3,4}(x, w_gate, w_up, cnt i32[N / (GM_BN / 2)], y bf16[M*N], part f32[2*S*M*N],
+ *                             M, K, KR, S, GX, N)
+ *       y = bf16(bf16(silu(bf16(x . w_gate^T))) * bf16(x . w_up^T)), both weights [N, K]; a column block
+ *       is GM_BN / 2 columns of each
  *   dflash_gemm_reduce(part f32[S*M*N], y bf16[M*N], M*N, S)                  grid (ceil(M*N/1024), 1, 1)
  * One workgroup is GM_WARPS * 32 threads (128 on both).
  */
@@ -196,7 +202,19 @@ typedef unsigned short GM_U16;
                           int GX, int N0, int N1, int N2) {                                                              \
     gm_group<MT, 3>(x, w0, w1, w2, cnt, y0, y1, y2, part, M, K, KR, S, GX, N0, N1, N2, GM_WG_X(), GM_WG_Y(), GM_TID()); \
   }
-#define GM_ENTRIES(MT) GM_ENTRY1(MT) GM_ENTRY2(MT) GM_ENTRY3(MT)
+#define GM_ENTRY_RES(MT)                                                                                       \
+  extern "C" __global__ void GM_LAUNCH(MT)                                                                    \
+      dflash_gemm_res_mt##MT(const GM_U16* __restrict__ x, const GM_U16* w0, const GM_U16* r, int* cnt, GM_U16* y0, \
+                             float* part, int M, int K, int KR, int S, int GX, int N0) {                             \
+    gm_single<MT, GM_EPI_RESIDUAL>(x, w0, w0, r, cnt, y0, part, M, K, KR, S, GX, N0, GM_WG_X(), GM_WG_Y(), GM_TID()); \
+  }
+#define GM_ENTRY_SWIGLU(MT)                                                                                    \
+  extern "C" __global__ void GM_LAUNCH(MT)                                                                    \
+      dflash_swiglu_mt##MT(const GM_U16* __restrict__ x, const GM_U16* w0, const GM_U16* w1, int* cnt, GM_U16* y, \
+                           float* part, int M, int K, int KR, int S, int GX, int N) {                                \
+    gm_single<MT, GM_EPI_SWIGLU>(x, w0, w1, w1, cnt, y, part, M, K, KR, S, GX, N, GM_WG_X(), GM_WG_Y(), GM_TID()); \
+  }
+#define GM_ENTRIES(MT) GM_ENTRY1(MT) GM_ENTRY2(MT) GM_ENTRY3(MT) GM_ENTRY_RES(MT) GM_ENTRY_SWIGLU(MT)
 GM_ENTRIES(1)
 GM_ENTRIES(2)
 GM_ENTRIES(3)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dflash_iree.errors import DFlashError
+from dflash_iree.kernels.gemm import entry_attribute
 
 MAX_K = 64
 OBJECTS_DIR = Path(__file__).resolve().parent / "objects"
@@ -156,7 +157,7 @@ def _executable(sym: str, entry: str, arch: str, obj: str, layout: str, count: s
                 bindings: list[str], constants: int) -> str:
     wl = "".join(f", %w{i}: index" for i in range(workload))
     head = (f"hal.executable.source private @{sym} <objects = <{{{_target(arch)} = "
-            f"[#hal.executable.object<{{path = \"{obj}\"}}>]}}>> {{\n"
+            f"[#hal.executable.object<{{path = \"{obj}\"}}>]}}>> {entry_attribute(entry)} {{\n"
             f"  hal.executable.export public @{entry} ordinal(0) layout({layout})"
             f" count(%device: !hal.device{wl}) -> (index, index, index) {{\n"
             f"    %c1 = arith.constant 1 : index\n    hal.return {count} : index, index, index\n  }}")

@@ -37,6 +37,16 @@ def test_mlir():
     assert "tensor<1x36x2x4096x1024xbf16>" in d.mlir and "tensor<1x1x64x?xi1>" in d.mlir
 
 
+def test_mlir_token_major():
+    """With g, q and the result in the model's layout: [S, T, Hkv * g, D] in, [S, T, Hkv * g * D] out."""
+    d = attention_dispatch(1, 8, 64, 128, 36, 4096, "sm_80", name="at", g=4)
+    assert ("util.func private @at(%q: tensor<1x16x32x128xbf16>, %cache: tensor<1x36x2x4096x1024xbf16>, "
+            "%mask: tensor<1x1x64x?xi1>, %layer: i32) -> tensor<1x16x4096xbf16>") in d.mlir
+    assert "%cG = arith.constant 4 : i32" in d.mlir and "constants = 10" in d.mlir
+    with pytest.raises(DFlashError, match="do not divide"):
+        attention_dispatch(1, 8, 18, 128, 36, 4096, "sm_80", g=4)
+
+
 @pytest.mark.parametrize("arch", ["sm_80", "gfx1151", "gfx1030"])
 def test_compiles_for_gpu_targets(arch):
     ic = pytest.importorskip("iree.compiler")
@@ -95,9 +105,11 @@ def test_splice_takes_the_block_attention(exported, tmp_path, arch, T, taken):
         assert (out, flags, report) == (src, [], {})
         return
     text = str(splice.load(out))
-    name = f"dflash_attention_1x{HKV}x{2 * T}x{HD}_{LAYERS}x{CONTEXT}"
-    assert splice.SDPA_OP not in text and text.count(f"util.call @{name}") == LAYERS
-    assert report == {"attention": [{"S": 1, "Hkv": HKV, "R": 2 * T, "head_dim": HD, "ops": LAYERS}]}
+    # attend's transposes of q and of the result are the kernel's addressing now (g = 2 query heads a KV head)
+    name = f"dflash_attention_1x{HKV}x{2 * T}x{HD}_{LAYERS}x{CONTEXT}_g2"
+    assert splice.SDPA_OP not in text and text.count(f"util.call @{name}(") == LAYERS
+    assert "torch.aten.clone" not in text
+    assert report == {"attention": [{"S": 1, "Hkv": HKV, "R": 2 * T, "head_dim": HD, "ops": LAYERS, "g": 2}]}
     extra = [f for f in compile_flags(resolve_arch(arch)[0]) if "opt-level" not in f]
     assert len(ic.compile_file(str(out), extra_args=extra + flags)) > 10000
 

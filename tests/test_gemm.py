@@ -29,7 +29,9 @@ def test_object_is_sound(arch):
     else:
         metas = amdgpu_kernels(path)
         for k in GEMM_KERNELS:
-            assert metas[k][".vgpr_count"] <= 256 and metas[k][".group_segment_fixed_size"] <= 4  # the last-arrival flag
+            # the last-arrival flag; swiglu: and up's rounded sums, 2 KiB an m-tile
+            lds = 4 + (2048 * int(k[-1]) if k.startswith("dflash_swiglu") else 0)
+            assert metas[k][".vgpr_count"] <= 256 and metas[k][".group_segment_fixed_size"] <= lds, k
         # 1, 2 and 3 weights x 1..4 m-tiles, each tile's WMMAs of a round
         assert wmma_count(path) >= 3 * 4 * (1 + 2 + 3 + 4), "v_wmma_f32_16x16x16_bf16 missing from the ISA"
 
@@ -102,6 +104,33 @@ def test_entry_points_match_the_pipeline_layout():
         params = re.search(rf"\.entry {entry}\((.*?)\)", ptx, re.S)[1]
         assert params.count(".param .u64") == 2 * G + 3 and params.count(".param .u32") == 5 + G
         assert pipeline_layout(5 + G, 1 + G, 2 * G + 3) in d.mlir
+    for epilogue, N, entry in (("residual", 64, "dflash_gemm_res_mt1"), ("swiglu", (64, 64), "dflash_swiglu_mt1")):
+        d = gemm_dispatch(16, N, 128, "sm_80", epilogue=epilogue)
+        params = re.search(rf"\.entry {entry}\((.*?)\)", ptx, re.S)[1]
+        assert params.count(".param .u64") == 6 and params.count(".param .u32") == 6
+        assert pipeline_layout(6, 3, 6) in d.mlir and f"::@{entry}[" in d.mlir
+
+
+def test_epilogue_mlir_text():
+    """residual: r in, r + x.W^T out, in the model's [1, M, N]; swiglu: gate and up in, one [M, N]
+    out, the plan of the two weights side by side (the same splits as the plain pair)."""
+    d = gemm_dispatch(16, 4096, 12288, "sm_80", name="down", epilogue="residual", out_shape=(1, 16, 4096))
+    assert ("util.func private @down(%x: tensor<16x12288xbf16>, %w: tensor<4096x12288xbf16>, "
+            "%res: tensor<1x16x4096xbf16>) -> tensor<1x16x4096xbf16>") in d.mlir
+    assert d.plan == gemm_plan(4096, 12288, "sm_80") and "tensor<3x16x4096xf32>" in d.mlir
+    s = gemm_dispatch(16, (12288, 12288), 4096, "sm_80", name="mlp", epilogue="swiglu")
+    assert ("util.func private @mlp(%x: tensor<16x4096xbf16>, %w0: tensor<12288x4096xbf16>, "
+            "%w1: tensor<12288x4096xbf16>) -> tensor<16x12288xbf16>") in s.mlir
+    plain = gemm_plan((12288, 12288), 4096, "sm_80")
+    assert (s.plan.col_blocks, s.plan.splits, s.plan.grid_x) == (plain.col_blocks, plain.splits, plain.grid_x)
+    small = gemm_dispatch(16, (1024, 1024), 4096, "gfx1151", name="m2", epilogue="swiglu")
+    assert small.plan.col_blocks == 1024 // 64 and f"tensor<{small.plan.splits}x16x2048xf32>" in small.mlir
+    for args, kw, match in [((16, (64, 64), 128, "sm_80"), {"epilogue": "residual"}, "one weight"),
+                            ((16, (64, 128), 128, "sm_80"), {"epilogue": "swiglu"}, "equal rows"),
+                            ((16, 64, 128, "sm_80"), {"epilogue": "gelu"}, "epilogue 'gelu'"),
+                            ((16, 64, 128, "sm_80"), {"epilogue": "residual", "out_shape": (2, 16, 64)}, "out_shape")]:
+        with pytest.raises(DFlashError, match=match):
+            gemm_dispatch(*args, **kw)
 
 
 def test_grouped_mlir_text():
@@ -136,9 +165,10 @@ def test_compiles_for_gpu_targets(arch):
     ic = pytest.importorskip("iree.compiler")
     from dflash_iree.kernels.topk import device_flags
 
-    for M, N, K in [(1, 1024, 4096), (16, 4096, 4096), (64, 4096, 12288), (16, 128, 384), (16, (128, 64, 64), 384),
-                    (8, (256, 256), 384)]:
-        d = gemm_dispatch(M, N, K, arch)
+    for M, N, K, epi in [(1, 1024, 4096, None), (16, 4096, 4096, None), (64, 4096, 12288, None), (16, 128, 384, None),
+                         (16, (128, 64, 64), 384, None), (8, (256, 256), 384, None), (16, 4096, 12288, "residual"),
+                         (33, (256, 256), 384, "swiglu"), (16, (12288, 12288), 4096, "swiglu")]:
+        d = gemm_dispatch(M, N, K, arch, epilogue=epi)
         vmfb = ic.compile_str(standalone_module(d), extra_args=device_flags(arch) + d.flags)
         assert len(vmfb) > 10000
 
@@ -290,3 +320,119 @@ def test_splice_runs_of_three_and_mutable_globals(tmp_path):
                                 {"gemm": functools.partial(splice.splice_gemm, min_weight_bytes=0)})
     assert [g["N"] for g in splice.last_report()["gemm"]] == [[64, 80, 96], [112, 128]]
     assert str(splice.load(out)).count("torch.aten.mm") == 1
+
+
+# A Qwen3 MLP block as the export writes it (gate and up of one [1, M, K] value, silu(gate) * up,
+# down, then the residual add), for the epilogues.
+_MLP = """
+module @m {{
+  util.global private @g = dense<0.5> : tensor<{I}x{K}xbf16>
+  util.global private @u = dense<0.25> : tensor<{I}x{K}xbf16>
+  util.global private @d = dense<0.125> : tensor<{K}x{I}xbf16>
+  func.func @f(%h: !torch.vtensor<[1,{M},{K}],bf16>, %res: !torch.vtensor<[1,{M},{K}],bf16>) -> ({rtypes}) {{
+    %i0 = torch.constant.int 0
+    %i1 = torch.constant.int 1
+    %alpha = torch.constant.int {alpha}
+    %iM = torch.constant.int {M}
+    %iK = torch.constant.int {K}
+    %iI = torch.constant.int {I}
+    %s2 = torch.prim.ListConstruct %iM, %iK : (!torch.int, !torch.int) -> !torch.list<int>
+    %s3 = torch.prim.ListConstruct %i1, %iM, %iI : (!torch.int, !torch.int, !torch.int) -> !torch.list<int>
+    %s2i = torch.prim.ListConstruct %iM, %iI : (!torch.int, !torch.int) -> !torch.list<int>
+    %s3k = torch.prim.ListConstruct %i1, %iM, %iK : (!torch.int, !torch.int, !torch.int) -> !torch.list<int>
+{body}
+  }}
+}}
+"""
+_MLP_BODY = """{mm_g}    %vg = torch.aten.view %y_g, %s3 : !torch.vtensor<[{M},{I}],bf16>, !torch.list<int> -> !torch.vtensor<[1,{M},{I}],bf16>
+    %sg = torch.aten.silu %vg : !torch.vtensor<[1,{M},{I}],bf16> -> !torch.vtensor<[1,{M},{I}],bf16>
+{mm_u}    %vu = torch.aten.view %y_u, %s3 : !torch.vtensor<[{M},{I}],bf16>, !torch.list<int> -> !torch.vtensor<[1,{M},{I}],bf16>
+    %p = torch.aten.mul.Tensor %vu, %sg : !torch.vtensor<[1,{M},{I}],bf16>, !torch.vtensor<[1,{M},{I}],bf16> -> !torch.vtensor<[1,{M},{I}],bf16>
+{mm_d}    %vd = torch.aten.view %y_d, %s3k : !torch.vtensor<[{M},{K}],bf16>, !torch.list<int> -> !torch.vtensor<[1,{M},{K}],bf16>
+    %out = torch.aten.add.Tensor %res, %vd, %alpha : !torch.vtensor<[1,{M},{K}],bf16>, !torch.vtensor<[1,{M},{K}],bf16>, !torch.int -> !torch.vtensor<[1,{M},{K}],bf16>
+    return %out{extra} : {rtypes}
+"""
+
+
+def _mlp_module(M: int, K: int, I: int, alpha: int = 1, leak: bool = False) -> str:
+    """LEAK: silu(gate) is returned too (a second use), so the swiglu epilogue must not take it."""
+    view = f"torch.aten.view %h, %s2 : !torch.vtensor<[1,{M},{K}],bf16>, !torch.list<int> -> !torch.vtensor<[{M},{K}],bf16>"
+    mm_d = _MM.format(w="d", n=K, K=I, M=M, x=f"torch.aten.view %p, %s2i : !torch.vtensor<[1,{M},{I}],bf16>, "
+                      f"!torch.list<int> -> !torch.vtensor<[{M},{I}],bf16>")
+    rtypes = f"!torch.vtensor<[1,{M},{K}],bf16>" + (f", !torch.vtensor<[1,{M},{I}],bf16>" if leak else "")
+    body = _MLP_BODY.format(mm_g=_MM.format(w="g", n=I, K=K, M=M, x=view), mm_u=_MM.format(w="u", n=I, K=K, M=M, x=view),
+                            mm_d=mm_d, M=M, K=K, I=I, extra=", %sg" if leak else "", rtypes=rtypes)
+    return _MLP.format(M=M, K=K, I=I, alpha=alpha, rtypes=rtypes, body=body)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "gfx1151"])
+def test_splice_epilogues(tmp_path, arch):
+    """gate + up + silu * mul become one swiglu dispatch, down + the residual add one residual
+    dispatch; with epilogues off, the plain grouped and single dispatches (and the elementwise ops
+    stay with IREE)."""
+    pytest.importorskip("iree.compiler")
+    from dflash_iree.export import splice
+
+    M, K, I = 16, 256, 512
+    src = tmp_path / "m.mlir"
+    src.write_text(_mlp_module(M, K, I))
+    out, flags = splice.splice_file(src, tmp_path / "s.mlirbc", arch,
+                                    {"gemm": functools.partial(splice.splice_gemm, min_weight_bytes=0)})
+    assert [(g["N"], g["K"], g.get("epilogue")) for g in splice.last_report()["gemm"]] == [
+        (K, I, "residual"), ([I, I], K, "swiglu")]
+    text = str(splice.load(out))
+    for gone in ("torch.aten.mm", "torch.aten.silu", "torch.aten.mul.Tensor", "torch.aten.add.Tensor"):
+        assert gone not in text, gone
+    assert f"util.call @dflash_gemm_{M}x{I}_{I}x{K}_swiglu_1x{M}x{I}" in text
+    assert f"util.call @dflash_gemm_{M}x{K}x{I}_residual_1x{M}x{K}" in text
+    ic = pytest.importorskip("iree.compiler")
+    from dflash_iree.kernels.topk import device_flags
+
+    assert len(ic.compile_file(str(out), extra_args=device_flags(arch) + flags)) > 10000
+    out, _ = splice.splice_file(src, tmp_path / "p.mlirbc", arch,
+                                {"gemm": functools.partial(splice.splice_gemm, min_weight_bytes=0, epilogues=False)})
+    assert [g.get("epilogue") for g in splice.last_report()["gemm"]] == [None, None]
+    text = str(splice.load(out))
+    assert "torch.aten.silu" in text and "torch.aten.add.Tensor" in text
+
+
+@pytest.mark.parametrize("alpha,leak", [(2, False), (1, True)])
+def test_splice_epilogue_needs_the_exact_pattern(tmp_path, alpha, leak):
+    """An add with alpha != 1, or a silu(gate) used elsewhere too, keeps the plain dispatch for that op."""
+    pytest.importorskip("iree.compiler")
+    from dflash_iree.export import splice
+
+    src = tmp_path / "m.mlir"
+    src.write_text(_mlp_module(16, 256, 512, alpha=alpha, leak=leak))
+    splice.splice_file(src, tmp_path / "s.mlirbc", "sm_80",
+                       {"gemm": functools.partial(splice.splice_gemm, min_weight_bytes=0)})
+    got = [g.get("epilogue") for g in splice.last_report()["gemm"]]
+    assert got == ([None, "swiglu"] if alpha != 1 else ["residual", None])
+
+
+def test_entry_points_stay_apart_in_one_module():
+    """Dispatches of one object with the same layout and grid but different entry points (1 and 2
+    m-tiles; the residual and swiglu epilogues) keep an executable each: iree-compile would
+    otherwise merge them and launch one kernel for both (kernels/gemm.py entry_attribute)."""
+    ic = pytest.importorskip("iree.compiler")
+    from dflash_iree.kernels.topk import device_flags
+
+    for arch in ("sm_80", "gfx1151"):
+        ds = [gemm_dispatch(16, 256, 512, arch, name="a"), gemm_dispatch(32, 256, 512, arch, name="b"),
+              gemm_dispatch(16, 512, 256, arch, name="c", epilogue="residual"),
+              gemm_dispatch(16, (512, 512), 256, arch, name="d", epilogue="swiglu")]
+        x = {16: "tensor<16x512xbf16>", 32: "tensor<32x512xbf16>"}
+        y = {16: "tensor<16x256xbf16>", 32: "tensor<32x256xbf16>"}
+        w, x2, w2, o = "tensor<256x512xbf16>", "tensor<16x256xbf16>", "tensor<512x256xbf16>", "tensor<16x512xbf16>"
+        text = "module @m {\n" + "".join(d.mlir for d in ds) + f"""
+util.func public @f(%x: {x[16]}, %xb: {x[32]}, %w: {w}, %x2: {x2}, %w2: {w2}, %r: {o}) -> ({y[16]}, {y[32]}, {o}, {o}) {{
+  %a = util.call @a(%x, %w) : ({x[16]}, {w}) -> {y[16]}
+  %b = util.call @b(%xb, %w) : ({x[32]}, {w}) -> {y[32]}
+  %c = util.call @c(%x2, %w2, %r) : ({x2}, {w2}, {o}) -> {o}
+  %d = util.call @d(%x2, %w2, %w2) : ({x2}, {w2}, {w2}) -> {o}
+  util.return %a, %b, %c, %d : {y[16]}, {y[32]}, {o}, {o}
+}}
+}}
+"""
+        hal = ic.compile_str(text, extra_args=device_flags(arch) + ds[0].flags + ["--compile-to=hal"]).decode()
+        assert re.findall(r"hal\.executable private @(\w+)", hal) == ["a_mm", "b_mm", "c_mm", "d_mm"], arch
