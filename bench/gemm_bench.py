@@ -5,7 +5,8 @@ matmul and cuBLAS, at Qwen3-8B shapes, with parity and the row-independence bit 
     python bench/gemm_bench.py run --modules .gpu/gemm --json out.json       # there: time, check
     python bench/gemm_bench.py report --json out.json                        # the markdown table
     python bench/gemm_bench.py prepare --groups --out .gpu/groups            # grouped dispatches (q+k+v,
-    python bench/gemm_bench.py run --groups --modules .gpu/groups --json g.json  # gate+up): parity, row bits
+    python bench/gemm_bench.py run --groups --modules .gpu/groups --json g.json  # gate+up): parity, row bits;
+                                                                                 # and the epilogues
 
 y[M, N] = x[M, K] . W[N, K]^T, x/W/y bf16, f32 sums; (N, K) in SHAPES, M in MS. Per shape and M:
 - custom:  kernels/gemm.py's dispatch in an IREE module;
@@ -49,6 +50,12 @@ MS = [1, 8, 16, 64]
 # Grouped dispatches (several weights of one x, as export/splice.py groups them): q+k+v and gate+up.
 GROUPS = [((4096, 1024, 1024), 4096), ((12288, 12288), 4096)]
 GROUP_MS = [1, 8, 16]
+# Epilogues (kernels/gemm_body.h): the residual add (down_proj, and a 12288-row weight for the unsplit
+# path) and silu(gate) * up (the 8B MLP's, unsplit, and a small pair that takes k splits), each
+# checked against the plain dispatch of the same weights.
+EPILOGUES = [("residual", 4096, 12288), ("residual", 12288, 4096), ("swiglu", (12288, 12288), 4096),
+             ("swiglu", (1024, 1024), 4096)]
+EPILOGUE_MS = [1, 16, 33]
 SET_BYTES = 384 << 20
 FLAGS = ["--iree-stream-partitioning-favor=debug"]
 PASSES = 9  # the "many" function's passes over the weights; "once" makes one
@@ -133,6 +140,18 @@ def prepare_groups(out: Path, arch: str) -> None:
             meta["groups"].append({"file": name, "M": M, "Ns": list(Ns), "K": K, "splits": d.plan.splits,
                                    "grid_x": d.plan.grid_x, "col_blocks": d.plan.col_blocks})
             print(f"{name}: plan splits {d.plan.splits}, grid_x {d.plan.grid_x} of {d.plan.col_blocks} blocks", flush=True)
+    meta["epilogues"] = []
+    for kind, N, K in EPILOGUES:
+        for M in EPILOGUE_MS:
+            files = []
+            for epi in (kind, None):  # the epilogue, and the plain dispatch of the same weights
+                d = gemm_dispatch(M, N, K, arch, name="dg", epilogue=epi)
+                files.append(f"{epi or 'plain'}_{M}x{'_'.join(map(str, d.Ns))}x{K}.vmfb")
+                ic.compile_str(standalone_module(d), output_file=str(out / files[-1]),
+                               extra_args=device_flags(arch) + d.flags)
+            meta["epilogues"].append({"kind": kind, "file": files[0], "plain": files[1], "M": M,
+                                      "Ns": list(d.Ns), "K": K, "splits": d.plan.splits})
+            print(f"{files[0]}: plan splits {d.plan.splits}", flush=True)
     (out / "groups.json").write_text(json.dumps(meta, indent=1))
 
 
@@ -454,14 +473,52 @@ def run_groups(modules: Path, out_json: Path | None) -> dict:
         del ctx
     rec["row_check"] = [{"Ns": list(Ns), "K": K, "weight": i, "placements": len(b), "identical": len(set(b)) == 1}
                         for (Ns, K, i), b in bits.items()]
+    rec["epilogues"] = [_check_epilogue(modules, e, config, gen) for e in meta.get("epilogues", [])]
     rec["all_pass"] = (all(w["bad"] == 0 for r in rec["groups"] for w in r["weights"])
-                       and all(r["identical"] for r in rec["row_check"]))
+                       and all(r["identical"] for r in rec["row_check"]) and all(e["pass"] for e in rec["epilogues"]))
     print(f"grouped dispatches: {'all pass' if rec['all_pass'] else 'FAIL'} "
           f"(parity and row bits over {sum(r['placements'] for r in rec['row_check'])} placements)", flush=True)
     if out_json:
         out_json.parent.mkdir(parents=True, exist_ok=True)
         out_json.write_text(json.dumps(rec, indent=1) + "\n")
     return rec
+
+
+def _check_epilogue(modules: Path, e: dict, config, gen) -> dict:
+    """One epilogue module against the plain dispatch of the same weights, on the GPU. residual: bit
+    equality with bf16(r + y) of the plain y; swiglu: against bf16(bf16(silu(g)) * u) of the plain
+    g, u, torch's float32 silu: the kernel's exp2 may move a product across a bf16 rounding boundary,
+    so up to 1 ulp passes (the count of such outputs is reported)."""
+    import iree.runtime as rt
+    import torch
+
+    Ns, K, M = tuple(e["Ns"]), e["K"], e["M"]
+    gen.manual_seed(3)
+    ws = [torch.randn(n, K, generator=gen, device="cuda").to(torch.bfloat16) for n in Ns]
+    x = torch.randn(M, K, generator=gen, device="cuda").to(torch.bfloat16)
+    dev = config.device
+
+    def call(file, *args):
+        ctx = rt.SystemContext(config=config)
+        ctx.add_vm_module(rt.VmModule.mmap(config.vm_instance, str(modules / file)))
+        ys = ctx.modules.gemm_check.gemm(*[_to_iree(dev, a) for a in args])
+        return [_from_iree(y) for y in (ys if isinstance(ys, (list, tuple)) else [ys])]
+
+    plain = call(e["plain"], x, *ws)
+    if e["kind"] == "residual":
+        r = torch.randn(M, Ns[0], generator=gen, device="cuda").to(torch.bfloat16) * 4
+        y = call(e["file"], x, ws[0], r)[0]
+        ref = (r.float() + plain[0].float()).to(torch.bfloat16)
+    else:
+        y = call(e["file"], x, *ws)[0]
+        ref = (torch.nn.functional.silu(plain[0].float()).to(torch.bfloat16).float() * plain[1].float()).to(torch.bfloat16)
+    ul = _ulps(y, ref)
+    out = {k: e[k] for k in ("kind", "M", "Ns", "K", "splits")}
+    out.update(n=int(ul.numel()), differ=int((ul > 0).sum()), max_ulp=int(ul.max()))
+    out["pass"] = out["max_ulp"] == 0 if e["kind"] == "residual" else out["max_ulp"] <= 1
+    print(f"epilogue {e['kind']} {M:2d}x{Ns}x{K} S={e['splits']}: {out['differ']} of {out['n']} differ, "
+          f"max {out['max_ulp']} ulp: {'pass' if out['pass'] else 'FAIL'}", flush=True)
+    return out
 
 
 def summary(rec: dict) -> dict:
