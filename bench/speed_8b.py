@@ -1,6 +1,7 @@
 """Qwen3-8B-shaped speed on a GPU: decode, verify and draft steps against bandwidth and PyTorch peers.
 
     python bench/speed_8b.py prepare [--arch h200]          # here: compile the 8B pair (block 16, and block 8)
+    python bench/speed_8b.py prepare --blocks 8 --variant att --without epilogues   # a variant beside it
     PYTHONPATH=. python bench/speed_8b.py run --json OUT    # on the GPU machine (iree.runtime + torch with CUDA)
     python bench/speed_8b.py report OUT                     # here: the table of docs/benchmarks.md
 
@@ -54,14 +55,28 @@ def artifact_dir(arch: str, block: int, variant: str = "") -> Path:
     return WORK / f"8b-b{block}{variant}-{arch}"
 
 
-def prepare(arch: str, blocks: list[int]) -> None:
+# What `prepare --without` can leave out, for a variant measured beside the full build.
+WITHOUT = ("epilogues", "token-major")
+
+
+def prepare(arch: str, blocks: list[int], variant: str = "", without: tuple[str, ...] = ()) -> None:
     """Compile the 8B pair as `make compile` does (max_context 4096) for `arch` at each block size into
-    .gpu/ (git-ignored; carry it)."""
+    .gpu/ (git-ignored; carry it). WITHOUT (with a VARIANT name): "epilogues", the GEMM dispatches
+    without their epilogues; "token-major", the block attention in its head-major layout."""
+    import functools
+
+    from dflash_iree.export import splice
     from dflash_iree.export.compile import compile_artifacts, resolve_arch
 
+    splices = dict(splice.SPLICES)
+    if "epilogues" in without:
+        splices["gemm"] = functools.partial(splice.splice_gemm, epilogues=False)
+    if "token-major" in without:
+        splices["attention"] = functools.partial(splice.splice_attention, token_major=False)
     name = resolve_arch(arch)[0].name
     for block in blocks:
-        compile_artifacts(arch, TARGET, DRAFTER, artifact_dir(name, block), block_size=block, dtype="bf16")
+        compile_artifacts(arch, TARGET, DRAFTER, artifact_dir(name, block, variant), block_size=block, dtype="bf16",
+                          splices=splices if without else None)
 
 
 # ---------------------------------------------------------------- on the GPU
@@ -450,6 +465,9 @@ def main() -> int:
     p = sub.add_parser("prepare")
     p.add_argument("--arch", default="h200")
     p.add_argument("--blocks", type=int, nargs="+", default=[16, 8])
+    p.add_argument("--variant", default="", help="build into .gpu/8b-b{block}{variant}-{arch}")
+    p.add_argument("--without", nargs="+", default=[], choices=WITHOUT,
+                   help="leave these splice options out (a variant: needs --variant)")
     r = sub.add_parser("run")
     r.add_argument("--json", default=str(WORK / "speed_8b.json"))
     r.add_argument("--arch", default="sm_80")
@@ -465,7 +483,9 @@ def main() -> int:
     q.add_argument("json")
     args = ap.parse_args()
     if args.cmd == "prepare":
-        prepare(args.arch, args.blocks)
+        if args.without and not args.variant:
+            ap.error("--without builds a variant: give it a --variant name")
+        prepare(args.arch, args.blocks, args.variant, tuple(args.without))
     elif args.cmd == "run":
         peers = [] if args.no_peers else [None if m == "eager" else m for m in args.peers]
         run(Path(args.json), args.arch, peers, args.runtime_flags, args.blocks, args.variant, args.profile)
