@@ -231,8 +231,8 @@ def _iree_steps(folder: Path, indexes: dict, device, rows: int, profile: bool = 
         tok = pair.decode(tok, start + i)
         ref.append(tok)
     out["decode_ahead_same_tokens"] = list(pair.decode_ahead(first, start, 16)) == ref
-    # verify over decode's own tokens picks them again but at a bf16 near-tie: a check of the verify
-    # graph's custom dispatches (GEMMs and their epilogues, block attention) against decode's IREE ones
+    # verify over decode's own tokens must pick them again, except at a bf16 near-tie: a check of the
+    # verify graph's custom dispatches (GEMMs and their epilogues, block attention) against decode's
     picked, _ = pair.verify([first] + ref[:B - 1], start)
     out["verify_agrees_with_decode"] = f"{sum(a == b for a, b in zip(picked, ref[:B]))}/{B}"
 

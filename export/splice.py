@@ -359,10 +359,14 @@ def _reload(weights, before) -> list:
                                     attributes={"global": w.owner.attributes["global"]}).result for w in weights]
 
 
-def _only_user(value, name: str):
-    """The op using VALUE when it has exactly one use and that op is named NAME, else None."""
+_VIEWS = ("torch.aten.view", "torch.aten._unsafe_view")
+
+
+def _only_user(value, names):
+    """The op using VALUE when it has exactly one use and that op is named NAMES (a name or a
+    tuple of names), else None."""
     uses = list(value.uses)
-    if len(uses) != 1 or uses[0].owner.name != name:
+    if len(uses) != 1 or uses[0].owner.name not in ((names,) if isinstance(names, str) else names):
         return None
     return uses[0].owner
 
@@ -378,7 +382,7 @@ def _epilogue(mms: list):
       operand order), each intermediate used once.
 
     None when neither matches (then the run keeps its plain outputs)."""
-    views = [_only_user(m.results[0], "torch.aten.view") for m in mms]
+    views = [_only_user(m.results[0], _VIEWS) for m in mms]
     if any(v is None for v in views):
         return None
     out = [builtin_type(v.results[0].type) for v in views]
@@ -536,7 +540,6 @@ def _cache_rows(kv):
         return None
 
 
-_VIEWS = ("torch.aten.view", "torch.aten._unsafe_view")
 _HEADS_TOKENS = [0, 2, 1, 3, 4]  # attend's permutation between [S, T, Hkv, g, hd] and [S, Hkv, T, g, hd]
 
 
@@ -544,18 +547,15 @@ def _token_major_q(q, S: int, Hkv: int, R: int, D: int):
     """(q0, g, [the ops that make q]) when q [S, Hkv, R, D] is export/qwen3.py `attend`'s rows =
     q0.view(S, T, Hkv, g, D).permute(0, 2, 1, 3, 4).clone().view(S, Hkv, T * g, D) of q0 [S, T, Hkv * g, D],
     else None."""
-    try:
-        if _owner_name(q) not in _VIEWS or _owner_name(q.owner.operands[0]) != "torch.aten.clone":
-            return None
-        clone = q.owner.operands[0].owner
-        if _owner_name(clone.operands[0]) != "torch.aten.permute":
-            return None
-        perm = clone.operands[0].owner
-        if _list_ints(perm.operands[1]) != _HEADS_TOKENS or _owner_name(perm.operands[0]) not in _VIEWS:
-            return None
-        view = perm.operands[0].owner
-    except DFlashError:
+    if _owner_name(q) not in _VIEWS or _owner_name(q.owner.operands[0]) != "torch.aten.clone":
         return None
+    clone = q.owner.operands[0].owner
+    if _owner_name(clone.operands[0]) != "torch.aten.permute":
+        return None
+    perm = clone.operands[0].owner
+    if _list_ints(perm.operands[1]) != _HEADS_TOKENS or _owner_name(perm.operands[0]) not in _VIEWS:
+        return None
+    view = perm.operands[0].owner
     q0 = view.operands[0]
     m = re.fullmatch(r"tensor<(\d+)x(\d+)x(\d+)x(\d+)x(\d+)xbf16>", builtin_type(view.results[0].type))
     if not m:
@@ -569,17 +569,11 @@ def _token_major_q(q, S: int, Hkv: int, R: int, D: int):
 def _token_major_out(out, S: int, Hkv: int, R: int, D: int, g: int):
     """[the ops, users first] of `attend`'s out.view(S, Hkv, T, g, D).permute(0, 2, 1, 3, 4).clone()
     .view(S, T, Hkv * g * D) when they are OUT's only use chain, else None."""
-    view = next((_only_user(out, v) for v in _VIEWS if _only_user(out, v) is not None), None)
+    view = _only_user(out, _VIEWS)
     perm = view and _only_user(view.results[0], "torch.aten.permute")
     clone = perm and _only_user(perm.results[0], "torch.aten.clone")
-    last = clone and next((_only_user(clone.results[0], v) for v in _VIEWS
-                           if _only_user(clone.results[0], v) is not None), None)
-    if last is None:
-        return None
-    try:
-        if _list_ints(perm.operands[1]) != _HEADS_TOKENS:
-            return None
-    except DFlashError:
+    last = clone and _only_user(clone.results[0], _VIEWS)
+    if last is None or _list_ints(perm.operands[1]) != _HEADS_TOKENS:
         return None
     T = R // g
     if (builtin_type(view.results[0].type) != f"tensor<{S}x{Hkv}x{T}x{g}x{D}xbf16>"

@@ -10,7 +10,7 @@ With N a tuple of 2 or 3 row counts it multiplies one x by that many weights in 
 (`@{name}(%x, %w0, %w1[, %w2]) -> (y0, y1[, y2])`: a layer's q, k and v projections, gate and up).
 With an epilogue it also does the op the model applies next, which then costs no dispatch of its own:
 `epilogue="residual"`, `@{name}(%x, %w, %r) -> r + x . W^T` (the add after o_proj and down_proj);
-`epilogue="swiglu"`, `@{name}(%x, %w_gate, %w_up) -> silu(x . W_gate^T) * (x . W_up^T)` (the MLP's
+`epilogue="swiglu"`, `@{name}(%x, %w0, %w1) -> silu(x . W0^T) * (x . W1^T)` (gate, up: the MLP's
 input to down_proj); each op rounded to bf16 as the eager model rounds it.
 The plan (columns per workgroup, k splits, workgroups along the columns) depends on (the N's, K,
 arch) only, never on M: every row of y is computed by the same sequence of instructions whatever M
@@ -101,7 +101,7 @@ class GemmDispatch:
              counters, zero between calls) and the function: with one weight
              `util.func private @{name}(tensor<MxKxbf16>, tensor<NxKxbf16>) -> tensor<MxNxbf16>`, with
              G weights `@{name}(x, w0, .., w{G-1}) -> (y0, .., y{G-1})`; with an epilogue,
-             `@{name}(x, w, r) -> y` (residual) or `@{name}(x, w_gate, w_up) -> y` (swiglu).
+             `@{name}(x, w, r) -> y` (residual) or `@{name}(x, w0 = gate, w1 = up) -> y` (swiglu).
     flags:   what `iree-compile` needs besides the device target (the object search path).
     objects: the object files the text refers to.
     epilogue: None, "residual" or "swiglu" (gemm_dispatch).
@@ -184,7 +184,8 @@ def gemm_plan(N, K: int, arch: str, splits: int | None = None, paired: bool = Fa
     split (else the most splits that keep 8 chunks); then, on CUDA with one split, where the blocks
     would take 2 to _MAX_PASSES waves of resident workgroups, that many passes of fewer workgroups.
     SPLITS overrides (benchmarks only). PAIRED: two equal weights side by side in each block (the
-    swiglu epilogue). The plan is the same for every M (the numerics contract).
+    swiglu epilogue), with the splits the plain pair would get, so that each weight's sums are the
+    plain dispatch's bit for bit. The plan is the same for every M (the numerics contract).
 
     Raises:
         DFlashError: an arch without the kernel, more than 3 weights, a row count that is not an
@@ -195,12 +196,14 @@ def gemm_plan(N, K: int, arch: str, splits: int | None = None, paired: bool = Fa
     rounds = K // b["chunk"]
     if paired and (len(Ns) != 2 or Ns[0] != Ns[1]):
         raise DFlashError(f"a paired (swiglu) plan takes two weights of equal rows, got {Ns}")
-    col_blocks = _col_blocks(Ns[:1], b["bn"] // 2) if paired else _col_blocks(Ns, b["bn"])
+    col_blocks = _col_blocks(Ns, b["bn"])
     if splits is None:
         target = b["per_unit"] * _UNITS[arch]
         most = max(1, rounds // _MIN_CHUNKS)  # a split keeps at least _MIN_CHUNKS chunks
         cands = [s for s in range(1, most + 1) if rounds % s == 0]
         splits = next((s for s in cands if col_blocks * s >= target), cands[-1])
+    if paired:
+        col_blocks = GemmPlan(Ns, K, arch, b["bn"], splits, b["threads"], 1, paired=True).col_blocks
     if splits < 1 or rounds % splits:
         raise DFlashError(f"{splits} splits do not cut K={K} into whole chunks of {b['chunk']}")
     grid_x = col_blocks
@@ -267,7 +270,7 @@ def gemm_dispatch(M: int, N, K: int, arch: str, *, name: str = "dflash_gemm",
     gfx1100/1151/1201. name: symbol prefix (every symbol starts with it). splits: override the plan's
     k splits (benchmarks; the numerics then differ from the default plan's).
     epilogue: None; "residual" (one weight: `@{name}(%x, %w, %r) -> bf16(r + bf16(x . W^T))`, r and
-    the result [M, N]); "swiglu" (N = (n, n), gate then up: `@{name}(%x, %w_gate, %w_up) ->
+    the result [M, N]); "swiglu" (N = (n, n), gate then up: `@{name}(%x, %w0, %w1) ->
     bf16(bf16(silu(g)) * u)` with g, u the two products rounded to bf16, [M, n]). out_shape: the
     epilogue's r and result shape (default (M, N); any shape of M * N elements, e.g. the model's
     [1, M, N]). kernels/gemm_body.h, "Epilogues", has the roundings.
@@ -285,8 +288,6 @@ def gemm_dispatch(M: int, N, K: int, arch: str, *, name: str = "dflash_gemm",
         raise DFlashError(f"skinny GEMM epilogue {epilogue!r}: use one of {EPILOGUES} or None")
     if epilogue == "residual" and len(Ns) != 1:
         raise DFlashError(f"the residual epilogue takes one weight, got {len(Ns)}")
-    if epilogue == "swiglu" and (len(Ns) != 2 or Ns[0] != Ns[1]):
-        raise DFlashError(f"the swiglu epilogue takes two weights (gate, up) of equal rows, got {Ns}")
     obj = object_file(arch)
     if not obj.is_file():
         raise DFlashError(f"{obj} is missing: run `make kernels` to build the kernel objects")

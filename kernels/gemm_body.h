@@ -100,7 +100,8 @@ GM_FN void gm_workgroup(const unsigned short* __restrict__ x, const unsigned sho
   const int bn = GM_EPI == GM_EPI_SWIGLU ? GM_BN / 2 : GM_BN;
   const int wh = warp - half * (GM_WARPS / 2);
   const int col_w = wg_x * bn + wh * (GM_CW * GM_TN); /* this warp's first column */
-  if (half) w = w1, part += (long)S * M * N;
+  if (half) w = w1;
+  if (half && S > 1) part += (long)S * M * N; /* up's partials after the gate's */
   const int k0 = wg_y * KR;
   gm_acc acc[GM_MT][GM_CW];
   int ok[GM_CW];
@@ -141,42 +142,29 @@ GM_FN void gm_workgroup(const unsigned short* __restrict__ x, const unsigned sho
       for (int c = 0; c < GM_CW; ++c) gm_mma(&acc[mt][c], &xf, &wf[c]);
     }
   }
-  if (GM_EPI == GM_EPI_SWIGLU && S == 1) { /* up's rounded sums go to the gate warps holding the same outputs */
-    GM_SHARED unsigned short gm_up[GM_WARPS / 2][GM_MT][GM_CW][GM_ACC_N][GM_LANES];
-    const int lane = tid % GM_LANES;
-#pragma unroll
-    for (int mt = 0; mt < GM_MT; ++mt)
-#pragma unroll
-      for (int c = 0; c < GM_CW; ++c)
-#pragma unroll
-        for (int i = 0; i < GM_ACC_N; ++i) {
-          int rr, cc;
-          float v = gm_acc_get(&acc[mt][c], i, &rr, &cc);
-          if (half) gm_up[wh][mt][c][i][lane] = gm_bf16(v);
-        }
-    GM_BARRIER();
-    if (!half)
+  /* GM_EPI_SWIGLU, one split: up's rounded sums go to the gate warps, which hold the same outputs
+   * (the slot depends on the lane only) and write y. */
+  const int lane = tid % GM_LANES;
+  GM_SHARED unsigned short gm_up[GM_EPI == GM_EPI_SWIGLU ? GM_WARPS / 2 : 1][GM_MT][GM_CW][GM_ACC_N][GM_LANES];
+  const int exchange = GM_EPI == GM_EPI_SWIGLU && S == 1;
+  if (exchange) {
+    if (half)
 #pragma unroll
       for (int mt = 0; mt < GM_MT; ++mt)
 #pragma unroll
-        for (int c = 0; c < GM_CW; ++c) {
-          if (!ok[c]) continue;
+        for (int c = 0; c < GM_CW; ++c)
 #pragma unroll
           for (int i = 0; i < GM_ACC_N; ++i) {
             int rr, cc;
-            float v = gm_acc_get(&acc[mt][c], i, &rr, &cc);
-            int row = mt * 16 + rr, col = col_w + c * GM_TN + cc;
-            if (row < M) y[row * N + col] = gm_swiglu(gm_bf16(v), gm_up[wh][mt][c][i][lane]);
+            gm_up[wh][mt][c][i][lane] = gm_bf16(gm_acc_get(&acc[mt][c], i, &rr, &cc));
           }
-        }
-    GM_BARRIER(); /* gm_up is free for this workgroup's next block */
-    return;
+    GM_BARRIER();
   }
 #pragma unroll
   for (int mt = 0; mt < GM_MT; ++mt)
 #pragma unroll
     for (int c = 0; c < GM_CW; ++c) {
-      if (!ok[c]) continue;
+      if (!ok[c] || (exchange && half)) continue;
 #pragma unroll
       for (int i = 0; i < GM_ACC_N; ++i) {
         int rr, cc;
@@ -184,11 +172,14 @@ GM_FN void gm_workgroup(const unsigned short* __restrict__ x, const unsigned sho
         int row = mt * 16 + rr, col = col_w + c * GM_TN + cc;
         if (row >= M) continue;
         if (S == 1)
-          y[row * N + col] = GM_EPI == GM_EPI_RESIDUAL ? gm_residual(v, r[row * N + col]) : gm_bf16(v);
+          y[row * N + col] = GM_EPI == GM_EPI_SWIGLU     ? gm_swiglu(gm_bf16(v), gm_up[wh][mt][c][i][lane])
+                             : GM_EPI == GM_EPI_RESIDUAL ? gm_residual(v, r[row * N + col])
+                                                         : gm_bf16(v);
         else
           part[((long)wg_y * M + row) * N + col] = v;
       }
     }
+  if (exchange) GM_BARRIER(); /* gm_up is free for this workgroup's next block */
   if (S == 1) return;
   if (half) part -= (long)S * M * N;
   /* Split-K: the last workgroup of this column block to finish adds the partials in split order. */

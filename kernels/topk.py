@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dflash_iree.errors import DFlashError
-from dflash_iree.kernels.gemm import entry_attribute
+from .gemm import entry_attribute
 
 MAX_K = 64
 OBJECTS_DIR = Path(__file__).resolve().parent / "objects"

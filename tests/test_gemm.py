@@ -123,6 +123,9 @@ def test_epilogue_mlir_text():
             "%w1: tensor<12288x4096xbf16>) -> tensor<16x12288xbf16>") in s.mlir
     plain = gemm_plan((12288, 12288), 4096, "sm_80")
     assert (s.plan.col_blocks, s.plan.splits, s.plan.grid_x) == (plain.col_blocks, plain.splits, plain.grid_x)
+    for n in (752, 528, 1024, 3072, 12288):  # the plain pair's splits, so each weight's bits are the plain dispatch's
+        for K, arch in ((4096, "sm_80"), (2048, "gfx1151"), (4096, "gfx1100")):
+            assert gemm_plan((n, n), K, arch, paired=True).splits == gemm_plan((n, n), K, arch).splits, (n, K, arch)
     small = gemm_dispatch(16, (1024, 1024), 4096, "gfx1151", name="m2", epilogue="swiglu")
     assert small.plan.col_blocks == 1024 // 64 and f"tensor<{small.plan.splits}x16x2048xf32>" in small.mlir
     for args, kw, match in [((16, (64, 64), 128, "sm_80"), {"epilogue": "residual"}, "one weight"),
