@@ -595,9 +595,9 @@ def splice_attention(module, arch: str, min_rows: int = ATTENTION_MIN_ROWS,
     other attention stays IREE's (decode, prefill, the drafter's). Archs: CUDA (sm_*) and gfx*.
     When q is `attend`'s transpose of the model's [S, T, Hq, hd] and the result's only use is the
     transpose back to [S, T, Hq * hd], the kernel takes and gives the model's layout (`g` = Hq / Hkv)
-    and both transposes go (two dispatches a layer; `token_major=False` keeps them). Records (S, Hkv, R, hd, count, and g when
-    taken) per shape in `last_report()["attention"]`. Returns the flags (the
-    object search path), or None when nothing was replaced.
+    and both transposes go (two dispatches a layer; `token_major=False` keeps them). Records (S,
+    Hkv, R, hd, count, and g when taken) per shape in `last_report()["attention"]`. Returns the
+    flags (the object search path), or None when nothing was replaced.
     """
     from iree.compiler import ir
 

@@ -13,7 +13,8 @@ contract (a row's result is independent of R, of its place in the block and of N
 visible key) are in attention_body.h. With `g` (query heads per KV head) q and the result are in the
 model's own token-major layout instead, `tensor<S x T x (Hkv*g) x D>` in and `tensor<S x T x
 (Hkv*g*D)>` out with R = T * g (row t * g + j: token t, query head h * g + j), which spares the
-transposes around the attention (export/qwen3.py `attend` writes them). GPU archs only; the host CPU keeps its matmul attention.
+transposes around the attention (export/qwen3.py `attend` writes them). GPU archs only; the host CPU
+keeps its matmul attention.
 No IREE import here: this module only writes text.
 """
 

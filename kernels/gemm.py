@@ -80,7 +80,7 @@ class GemmPlan:
 
     @property
     def col_blocks(self) -> int:
-        return _col_blocks(self.Ns[:1], self.block_n // 2) if self.paired else _col_blocks(self.Ns, self.block_n)
+        return _col_blocks(self.Ns, self.block_n, self.paired)
 
     @property
     def passes(self) -> int:
@@ -162,9 +162,10 @@ def why_unsupported(M: int, N: int, K: int, arch: str) -> str | None:
     return None
 
 
-def _col_blocks(Ns: tuple[int, ...], block_n: int) -> int:
-    """Column blocks of the weights of Ns rows, each weight's own after the previous weight's."""
-    return sum(math.ceil(n / block_n) for n in Ns)
+def _col_blocks(Ns: tuple[int, ...], block_n: int, paired: bool = False) -> int:
+    """Column blocks of the weights of Ns rows, each weight's own after the previous weight's;
+    PAIRED (two equal weights side by side, swiglu): blocks of block_n / 2 columns of both."""
+    return math.ceil(Ns[0] / (block_n // 2)) if paired else sum(math.ceil(n / block_n) for n in Ns)
 
 
 def _weights(N) -> tuple[int, ...]:
@@ -202,8 +203,7 @@ def gemm_plan(N, K: int, arch: str, splits: int | None = None, paired: bool = Fa
         most = max(1, rounds // _MIN_CHUNKS)  # a split keeps at least _MIN_CHUNKS chunks
         cands = [s for s in range(1, most + 1) if rounds % s == 0]
         splits = next((s for s in cands if col_blocks * s >= target), cands[-1])
-    if paired:
-        col_blocks = GemmPlan(Ns, K, arch, b["bn"], splits, b["threads"], 1, paired=True).col_blocks
+    col_blocks = _col_blocks(Ns, b["bn"], paired)  # the splits above are the plain pair's either way
     if splits < 1 or rounds % splits:
         raise DFlashError(f"{splits} splits do not cut K={K} into whole chunks of {b['chunk']}")
     grid_x = col_blocks
@@ -245,17 +245,25 @@ def entry_attribute(entry: str) -> str:
     return f'attributes {{dflash.entry = "{entry}"}}'
 
 
-def executable_source(sym: str, entry: str, arch: str, obj: str, layout: str, threads: int, workload: int) -> str:
-    """A `hal.executable.source` @SYM exporting ENTRY of object OBJ, THREADS threads a workgroup, whose
-    workgroup count is its first WORKLOAD workload values (the rest 1)."""
+def executable_head(sym: str, entry: str, target: str, obj: str, layout: str, workload: int) -> str:
+    """The start of a `hal.executable.source` @SYM for TARGET (an executable target attribute) that
+    exports ENTRY of object OBJ, whose workgroup count is its first WORKLOAD workload values (the
+    rest 1): up to the export's count region, which the caller follows with the export's properties
+    (a GPU's workgroup size) or a CPU body, then closes with "}"."""
     wl = "".join(f", %w{i}: index" for i in range(workload))
     count = ", ".join([f"%w{i}" for i in range(workload)] + ["%c1"] * (3 - workload))
-    return (f"hal.executable.source private @{sym} <objects = <{{{executable_target(arch)} = "
+    return (f"hal.executable.source private @{sym} <objects = <{{{target} = "
             f"[#hal.executable.object<{{path = \"{obj}\"}}>]}}>> {entry_attribute(entry)} {{\n"
             f"  hal.executable.export public @{entry} ordinal(0) layout({layout})"
             f" count(%device: !hal.device{wl}) -> (index, index, index) {{\n"
-            f"    %c1 = arith.constant 1 : index\n    hal.return {count} : index, index, index\n  }}"
-            f" <workgroup_size = [{threads} : index, 1 : index, 1 : index]>\n}}\n")
+            f"    %c1 = arith.constant 1 : index\n    hal.return {count} : index, index, index\n  }}")
+
+
+def executable_source(sym: str, entry: str, arch: str, obj: str, layout: str, threads: int, workload: int) -> str:
+    """A `hal.executable.source` @SYM exporting ENTRY of object OBJ on GPU ARCH, THREADS threads a
+    workgroup, whose workgroup count is its first WORKLOAD workload values (the rest 1)."""
+    return (executable_head(sym, entry, executable_target(arch), obj, layout, workload)
+            + f" <workgroup_size = [{threads} : index, 1 : index, 1 : index]>\n}}\n")
 
 
 def gemm_dispatch(M: int, N, K: int, arch: str, *, name: str = "dflash_gemm",
@@ -314,8 +322,9 @@ def gemm_dispatch(M: int, N, K: int, arch: str, *, name: str = "dflash_gemm",
             entry, ins, in_t = f"dflash_gemm_res_mt{mt}", w + ["%res"], w_t + [o_t]
         else:
             entry, ins, in_t = f"dflash_swiglu_mt{mt}", w, w_t
-        Ns = Ns[:1]  # the constants: one N (the kernel's columns of each weight)
-    consts = [("M", M), ("K", K), ("KR", KR), ("S", S), ("GX", plan.grid_x)] + [(f"N{g}", n) for g, n in enumerate(Ns)]
+    # one N per weight; an epilogue's kernel takes one (the columns of each of its weights)
+    const_ns = Ns if epilogue is None else Ns[:1]
+    consts = [("M", M), ("K", K), ("KR", KR), ("S", S), ("GX", plan.grid_x)] + [(f"N{g}", n) for g, n in enumerate(const_ns)]
     layout = pipeline_layout(len(consts), 1 + len(ins), len(ins) + len(y_t) + 3)
     text = executable_source(f"{name}_mm", entry, arch, obj.name, layout, plan.threads, 2)
     # The split-K arrival counters: zero, and left zero by every call (the last workgroup of a column
@@ -333,7 +342,7 @@ def gemm_dispatch(M: int, N, K: int, arch: str, *, name: str = "dflash_gemm",
              f" -> (%c, {', '.join(y_t)}, {p_t})\n"
              f"    util.global.store %r#0, @{name}_cnt : {c_t}\n"
              f"    util.return {', '.join(f'%r#{g + 1}' for g in range(len(y_t)))} : {', '.join(y_t)}\n}}\n")
-    return GemmDispatch(M=M, Ns=_weights(N), K=K, arch=arch, name=name, plan=plan, mlir=text,
+    return GemmDispatch(M=M, Ns=Ns, K=K, arch=arch, name=name, plan=plan, mlir=text,
                         flags=[f"--iree-hal-executable-object-search-path={OBJECTS_DIR}"], objects=[obj],
                         epilogue=epilogue)
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dflash_iree.errors import DFlashError
-from .gemm import entry_attribute
+from .gemm import executable_head
 
 MAX_K = 64
 OBJECTS_DIR = Path(__file__).resolve().parent / "objects"
@@ -153,14 +153,9 @@ def _cpu_shim(entry: str, layout: str, bindings: list[str], constants: int, wg_d
     return "\n".join(lines)
 
 
-def _executable(sym: str, entry: str, arch: str, obj: str, layout: str, count: str, workload: int,
+def _executable(sym: str, entry: str, arch: str, obj: str, layout: str, workload: int,
                 bindings: list[str], constants: int) -> str:
-    wl = "".join(f", %w{i}: index" for i in range(workload))
-    head = (f"hal.executable.source private @{sym} <objects = <{{{_target(arch)} = "
-            f"[#hal.executable.object<{{path = \"{obj}\"}}>]}}>> {entry_attribute(entry)} {{\n"
-            f"  hal.executable.export public @{entry} ordinal(0) layout({layout})"
-            f" count(%device: !hal.device{wl}) -> (index, index, index) {{\n"
-            f"    %c1 = arith.constant 1 : index\n    hal.return {count} : index, index, index\n  }}")
+    head = executable_head(sym, entry, _target(arch), obj, layout, workload)
     if arch == "host":
         return head + "\n" + _cpu_shim(entry, layout, bindings, constants, workload) + "\n}\n"
     return head + f" <workgroup_size = [{_GPU_WORKGROUP} : index, 1 : index, 1 : index]>\n}}\n"
@@ -183,9 +178,9 @@ def topk_dispatch(n: int, V: int, K: int, arch: str, *, name: str = "dflash_topk
     C, L = plan_chunks(V, K, arch)
     R = 2 * K + 2
     lp, lm = _layout(5, 2), _layout(3, 3)
-    ex_p = _executable(f"{name}_partial", "dflash_topk_partial", arch, obj.name, lp, "%w0, %w1, %c1", 2,
+    ex_p = _executable(f"{name}_partial", "dflash_topk_partial", arch, obj.name, lp, 2,
                        [f"{n * V}xf32", f"{n * C * R}xi32"], 5)
-    ex_m = _executable(f"{name}_merge", "dflash_topk_merge", arch, obj.name, lm, "%w0, %c1, %c1", 1,
+    ex_m = _executable(f"{name}_merge", "dflash_topk_merge", arch, obj.name, lm, 1,
                        [f"{n * C * R}xi32", f"{n * K}xi32", f"{n * K}xf32"], 3)
     x_t, ids_t, lp_t, part_t = f"tensor<{n}x{V}xf32>", f"tensor<{n}x{K}xi32>", f"tensor<{n}x{K}xf32>", f"tensor<{n}x{C}x{R}xi32>"
     in_t = f"tensor<{n}x{V}x{dtype}>"
