@@ -20,7 +20,9 @@ and binds the very same tensors (copied to host memory once) into the compiled m
 - with `--profile`, the device time of every kernel of those steps, from CUPTI through
   torch.profiler (it records the kernels IREE launches in the same process too): kernels per call
   (device-to-device copies included), busy ms per call against the wall ms, and the kernels that
-  take the most time;
+  take the most time; and the host's timeline of decode and verify (`_host_timeline`: when the
+  first and last `cuLaunchKernel` come, when the GPU starts and ends, its idle time), for calls as
+  the runtime makes them, for bare invocations, and for plain decoding's steps in a row;
 - achieved bandwidth of decode = the target's weight bytes read per step (every parameter but the
   embedding table) x steps per second;
 - peers on the same weights: the same `Qwen3` module in PyTorch eager, and under `torch.compile`
@@ -172,6 +174,106 @@ def _profile(fn, wall_ms: float, n: int = 10, top: int = 25, per: int = 1) -> di
             "top": [{"kernel": k[:160], "per_call": round(c, 2), "ms": round(ms, 4)} for k, c, ms in rows[:top]]}
 
 
+def _timeline_rows(events: list) -> tuple:
+    """_host_timeline's per-step rows from a chrome trace's complete ("X") events."""
+    steps = sorted((e for e in events if e["name"] == "dflash_step"), key=lambda e: e["ts"])
+    driver = [e for e in events if e.get("cat") == "cuda_driver"]
+    gpu = {e["args"]["correlation"]: e for e in events
+           if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "correlation" in e.get("args", {})}
+    rows = []
+    for s in steps:
+        t0, t1 = s["ts"], s["ts"] + s["dur"]
+        calls = sorted((e for e in driver if t0 <= e["ts"] <= t1), key=lambda e: e["ts"])
+        launches = [e for e in calls if e["name"].startswith("cuLaunch")]
+        if not launches:
+            continue
+        between = [b["ts"] - (a["ts"] + a["dur"]) for a, b in zip(launches, launches[1:])]
+        work = sorted(((g, c) for c, g in ((c, gpu[c["args"]["correlation"]]) for c in calls
+                                            if c.get("args", {}).get("correlation") in gpu)), key=lambda p: p[0]["ts"])
+        busy = sum(g["dur"] for g, _ in work)
+        waiting, long_gaps, prev_end = 0.0, [], None
+        for g, c in work:
+            if prev_end is not None and g["ts"] > prev_end:
+                if c["ts"] + c["dur"] > prev_end:
+                    waiting += g["ts"] - prev_end
+                if g["ts"] - prev_end > 50:  # between plain decoding's steps, say
+                    long_gaps.append(g["ts"] - prev_end)
+            prev_end = g["ts"] + g["dur"] if prev_end is None else max(prev_end, g["ts"] + g["dur"])
+        by_name: dict = {}
+        for e in calls:
+            k = by_name.setdefault(e["name"], [0, 0.0])
+            k[0] += 1
+            k[1] += e["dur"]
+        rows.append({"step_us": s["dur"], "launches": len(launches), "first_launch_us": launches[0]["ts"] - t0,
+                     "last_launch_end_us": launches[-1]["ts"] + launches[-1]["dur"] - t0,
+                     "in_launches_us": sum(e["dur"] for e in launches),
+                     "between_launches_us": sum(between), "between_launches_median_us": statistics.median(between),
+                     "gpu_start_us": work[0][0]["ts"] - t0 if work else None,
+                     "gpu_end_us": max(g["ts"] + g["dur"] for g, _ in work) - t0 if work else None,
+                     "gpu_busy_us": busy, "gpu_waiting_for_launch_us": waiting,
+                     "gpu_gaps_over_50us": len(long_gaps), "gpu_gaps_over_50us_us": sum(long_gaps),
+                     "driver_calls": by_name})
+    return steps, driver, rows
+
+
+def _host_timeline(fn, n: int = 8, trace: Path | None = None) -> dict:
+    """Where the host's time of a step goes, from CUPTI's driver-API records (torch.profiler): each
+    `cuLaunchKernel` IREE makes, with its host start and duration, joined to the kernel it launched.
+    Per step (medians over n calls of fn()), in µs from the step's start: the first and last launch,
+    the launches and the time inside them, the other driver calls by name, the time between one
+    launch's end and the next one's start (the VM and HAL's own work per dispatch), when the GPU
+    starts and ends, its busy time, and its idle time while it waits for a launch (a gap before a
+    kernel whose launch ended after the kernel before it finished). `trace`: also write the first
+    profiled step's chrome trace there."""
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    fn()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            with record_function("dflash_step"):
+                fn()
+    with tempfile.TemporaryDirectory() as tmp:
+        prof.export_chrome_trace(f"{tmp}/t.json")
+        events = [e for e in json.loads(Path(f"{tmp}/t.json").read_text())["traceEvents"] if e.get("ph") == "X"]
+    steps, driver, rows = _timeline_rows(events)
+    if trace is not None and steps:
+        t0, t1 = steps[0]["ts"], steps[0]["ts"] + steps[0]["dur"]
+        first = [e for e in events if t0 <= e["ts"] <= t1 or e.get("args", {}).get("correlation") in
+                 {c.get("args", {}).get("correlation") for c in driver if t0 <= c["ts"] <= t1}]
+        trace.write_text(json.dumps({"traceEvents": first}))
+    med = {k: round(statistics.median(r[k] for r in rows), 1) for k in rows[0] if k != "driver_calls"}
+    names = {k for r in rows for k in r["driver_calls"]}
+    med["driver_calls"] = {k: {"per_step": statistics.median(r["driver_calls"].get(k, [0, 0])[0] for r in rows),
+                               "us_per_step": round(statistics.median(r["driver_calls"].get(k, [0, 0])[1] for r in rows), 1)}
+                           for k in sorted(names)}
+    med["steps"] = len(rows)
+    return med
+
+
+def _invoke_only(pair, name: str, arrays: list):
+    """A function that invokes `name$async` on arguments staged once, with its wait fence already
+    signaled, and waits for its fence: a call without the runtime's argument and result handling."""
+    import iree.runtime as rt
+
+    fn = pair._async_function(name)
+    sem = pair.device.create_semaphore(0)
+    views = [a._buffer_view if hasattr(a, "_buffer_view") else pair._stage.arg(a)._buffer_view for a in arrays]
+    n = 0
+
+    def call():
+        nonlocal n
+        args = rt.VmVariantList(len(views) + 2)
+        for ref in views + [rt.HalFence.create_at(sem, n), rt.HalFence.create_at(sem, n + 1)]:
+            args.push_ref(ref)
+        pair._context.invoke(fn, args, rt.VmVariantList(4))
+        n += 1
+        rt.HalFence.create_at(sem, n).wait()
+
+    return call
+
+
 def _issue_ms(pair, name: str, arrays: list, n: int = 16) -> dict:
     """Where a synchronous call's host time goes: `name$async` invoked with its wait fence already
     signaled and the device idle. "issue": until the invoke returns (the VM records the step's
@@ -198,7 +300,8 @@ def _issue_ms(pair, name: str, arrays: list, n: int = 16) -> dict:
     return {"issue_ms": round(statistics.median(issue), 4), "done_ms": round(statistics.median(done), 4)}
 
 
-def _iree_steps(folder: Path, indexes: dict, device, rows: int, profile: bool = False) -> dict:
+def _iree_steps(folder: Path, indexes: dict, device, rows: int, profile: bool = False,
+                traces: Path | None = None) -> dict:
     """decode / verify / draft step times of one compiled artifact, after a PROMPT_LEN prefill."""
     import numpy as np
 
@@ -271,10 +374,24 @@ def _iree_steps(folder: Path, indexes: dict, device, rows: int, profile: bool = 
         walls["verify_draft"] = out.get("round_fused", {}).get("median_ms")
         out["profile"] = {name: _profile(fn, walls[name], *((2, 25, STEPS) if name == "decode_ahead" else ()))
                           for name, fn in steps.items()}  # decode_ahead: per token, over 2 x STEPS
+        out["host_timeline"] = {
+            name: _host_timeline(steps[name], trace=traces / f"trace_{folder.name}_{name}.json" if traces else None)
+            for name in ("decode", "verify")}
         i64 = np.int64
+        decode_args = [np.array([[first]], i64), np.array([start], i64), pair._pages(start + 1)]
+        verify_args = [np.array([block], i64), np.array([start], i64), pair._pages(start + B)]
+        # the VM alone (arguments staged once, no result read), and plain decoding's steps in a row
+        out["host_timeline"]["decode_invoke"] = _host_timeline(_invoke_only(pair, "decode", decode_args))
+        out["host_timeline"]["verify_invoke"] = _host_timeline(_invoke_only(pair, "verify", verify_args))
+
+        def ahead16():
+            for _ in pair.decode_ahead(first, start, 16):
+                pass
+
+        out["host_timeline"]["decode_ahead_16"] = _host_timeline(ahead16, n=4)
         out["issue"] = {
-            "decode": _issue_ms(pair, "decode", [np.array([[first]], i64), np.array([start], i64), pair._pages(start + 1)]),
-            "verify": _issue_ms(pair, "verify", [np.array([block], i64), np.array([start], i64), pair._pages(start + B)]),
+            "decode": _issue_ms(pair, "decode", decode_args),
+            "verify": _issue_ms(pair, "verify", verify_args),
             "draft": _issue_ms(pair, "draft", list(pair._draft_args(verify_taps["t"], start, B, block[-1], start + B)))}
     out["decode_cache_rows"] = rows
     del pair
@@ -318,7 +435,7 @@ def _torch_decode(torch, target, mode: str | None, rows: int) -> dict:
 
 
 def run(out_json: Path, arch: str, peers: list, runtime_flags: list[str], blocks: list[int], variant: str = "",
-        profile: bool = False) -> dict:
+        profile: bool = False, traces: Path | None = None) -> dict:
     """Measure on the GPU and write OUT_JSON. peers: torch modes to run (None = eager), [] for none."""
     import iree.runtime as rt
     import torch
@@ -349,7 +466,7 @@ def run(out_json: Path, arch: str, peers: list, runtime_flags: list[str], blocks
         if not (folder / "manifest.json").is_file():
             print(f"skip {folder}: not compiled", flush=True)
             continue
-        r = _iree_steps(folder, indexes, device, rows, profile)
+        r = _iree_steps(folder, indexes, device, rows, profile, traces if block == blocks[0] else None)
         result["iree"][f"b{block}"] = r
         print(f"iree b{block}: decode {r['decode']['median_ms']:.3f} ms, verify {r['verify']['median_ms']:.3f} ms, "
               f"draft {r['draft']['median_ms']:.3f} ms (load {r['load_and_prefill_s']} s)", flush=True)
@@ -476,7 +593,9 @@ def main() -> int:
                    help="torch peers: eager and torch.compile modes")
     r.add_argument("--blocks", type=int, nargs="+", default=[16, 8])
     r.add_argument("--variant", default="", help="artifact folders .gpu/8b-b{block}{variant}-{arch} (a compile experiment)")
-    r.add_argument("--profile", action="store_true", help="kernel times of each step (CUPTI, torch.profiler)")
+    r.add_argument("--profile", action="store_true",
+                   help="kernel times of each step, and the host's timeline of decode and verify (CUPTI, torch.profiler)")
+    r.add_argument("--traces", help="with --profile: write one step's chrome trace of decode and verify here")
     r.add_argument("--runtime-flag", action="append", default=[], dest="runtime_flags",
                    help="an iree.runtime driver flag, repeatable; write --runtime-flag=--cuda_use_streams=false")
     q = sub.add_parser("report")
@@ -488,7 +607,8 @@ def main() -> int:
         prepare(args.arch, args.blocks, args.variant, tuple(args.without))
     elif args.cmd == "run":
         peers = [] if args.no_peers else [None if m == "eager" else m for m in args.peers]
-        run(Path(args.json), args.arch, peers, args.runtime_flags, args.blocks, args.variant, args.profile)
+        run(Path(args.json), args.arch, peers, args.runtime_flags, args.blocks, args.variant, args.profile,
+            Path(args.traces) if args.traces else None)
     else:
         r = json.loads(Path(args.json).read_text())
         _derive(r)

@@ -28,3 +28,23 @@ def test_committed_h200_results_derive_the_reported_ratios():
     table = sb.format_table(r)
     for goal in ("plain decode bandwidth", "verify(16) / decode", "draft / verify", "torch reduce-overhead"):
         assert goal in table
+
+
+def test_host_timeline_rows_from_a_trace():
+    """`_timeline_rows` on a made-up trace of one step: three launches joined to their kernels by
+    correlation id; the third kernel waits for its launch, which ends after the second kernel ends."""
+    sb = _module()
+    events = [{"name": "dflash_step", "ph": "X", "ts": 0, "dur": 200}]
+    for i, (launch, kernel) in enumerate([(10, 30), (20, 45), (100, 110)]):
+        events.append({"name": "cuLaunchKernel", "cat": "cuda_driver", "ph": "X", "ts": launch, "dur": 5,
+                       "args": {"correlation": i}})
+        events.append({"name": f"k{i}", "cat": "kernel", "ph": "X", "ts": kernel, "dur": 10, "args": {"correlation": i}})
+    steps, _, rows = sb._timeline_rows(events)
+    (row,) = rows
+    assert len(steps) == 1 and row["launches"] == 3 and row["first_launch_us"] == 10
+    assert row["last_launch_end_us"] == 105 and row["in_launches_us"] == 15 and row["between_launches_us"] == 80
+    assert (row["gpu_start_us"], row["gpu_end_us"], row["gpu_busy_us"]) == (30, 120, 30)
+    # 40 -> 45 the GPU waits on nothing the host does (the launch ended at 25); 55 -> 110 it waits
+    # for a launch that ended at 105, a gap over 50 us
+    assert row["gpu_waiting_for_launch_us"] == 55 and row["gpu_gaps_over_50us"] == 1
+    assert row["driver_calls"] == {"cuLaunchKernel": [3, 15]}
