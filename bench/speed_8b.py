@@ -378,8 +378,8 @@ def _iree_steps(folder: Path, indexes: dict, device, rows: int, profile: bool = 
             name: _host_timeline(steps[name], trace=traces / f"trace_{folder.name}_{name}.json" if traces else None)
             for name in ("decode", "verify")}
         i64 = np.int64
-        decode_args = [np.array([[first]], i64), np.array([start], i64), pair._pages(start + 1)]
-        verify_args = [np.array([block], i64), np.array([start], i64), pair._pages(start + B)]
+        decode_args = [np.array([[first]], i64), np.array([start], i64), pair._pages(start + 1), pair._out(1, 1)]
+        verify_args = [np.array([block], i64), np.array([start], i64), pair._pages(start + B), pair._out(1, B)]
         # the VM alone (arguments staged once, no result read), and plain decoding's steps in a row
         out["host_timeline"]["decode_invoke"] = _host_timeline(_invoke_only(pair, "decode", decode_args))
         out["host_timeline"]["verify_invoke"] = _host_timeline(_invoke_only(pair, "verify", verify_args))
@@ -392,7 +392,8 @@ def _iree_steps(folder: Path, indexes: dict, device, rows: int, profile: bool = 
         out["issue"] = {
             "decode": _issue_ms(pair, "decode", decode_args),
             "verify": _issue_ms(pair, "verify", verify_args),
-            "draft": _issue_ms(pair, "draft", list(pair._draft_args(verify_taps["t"], start, B, block[-1], start + B)))}
+            "draft": _issue_ms(pair, "draft", [*pair._draft_args(verify_taps["t"], start, B, block[-1], start + B),
+                                               pair._out(1, B - 1)])}
     out["decode_cache_rows"] = rows
     del pair
     return out

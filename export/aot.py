@@ -15,6 +15,11 @@ the drafter uses too) are bound once. What the module looks like from outside:
 - Only [S, K]-sized results leave a production entry point: chosen tokens, draft ids (and, from
   `draft_topk`, the draft's top-K ids and log-probs), and the taps, which the runtime keeps on the
   device and passes back to `absorb` / `draft`.
+- What the host reads is not returned but written into buffers the caller passes, the last
+  arguments (`EntryPoint.writes`): the runtime passes pinned host buffers, which it reads as soon as
+  the call is done, instead of queueing a copy of a returned device buffer and waiting for it
+  (docs/performance.md, "Results written into the caller's buffers"). Only the taps (and `absorb`'s
+  count) are returned.
 - `verify_draft` is a whole speculative round in one call (verify, the acceptance count on the
   device, the next draft), so a round costs one call and one transfer instead of two; the host's
   `accept_length` stays the rule, and the runtime checks the device's count against it every round.
@@ -70,9 +75,10 @@ class EntryPoint:
     args: tuple[TensorSpec, ...]
     results: tuple[TensorSpec, ...]
     doc: str
+    writes: tuple[str, ...] = ()  # the last args: the call writes these outputs into the caller's buffers
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "model": self.model, "doc": self.doc,
+        return {"name": self.name, "model": self.model, "doc": self.doc, "writes": list(self.writes),
                 "args": [a.to_dict() for a in self.args], "results": [r.to_dict() for r in self.results]}
 
 
@@ -158,16 +164,16 @@ def entry_points(shapes: ExportShapes, sampled: bool = True) -> list[EntryPoint]
     chosen = lambda t: TensorSpec("chosen", (S, t), "i64")  # noqa: E731
     taps = lambda t: TensorSpec("taps", (S, t, N), dt)  # noqa: E731
     n_draft = TensorSpec("n_draft", (S,), "i64")
-    steps = [
-        ("prefill", (tokens("T"), start, pages), (chosen(1), taps("T")),
+    steps = [  # name, inputs, outputs written into the caller's buffers, results, doc
+        ("prefill", (tokens("T"), start, pages), (chosen(1),), (taps("T"),),
          "Run the prompt (or a chunk of it) at positions [start, start+T) into the KV cache; chosen is "
          "the target's token after the last row; taps (keep on the device) feed `absorb`."),
-        ("verify", (tokens(B), start, pages), (chosen(B), taps(B)),
+        ("verify", (tokens(B), start, pages), (chosen(B),), (taps(B),),
          "Run the block [anchor, drafts] at [start, start+B); chosen[:, i] is the target's token after "
          "block row i; taps (keep on the device) feed the next `draft`."),
-        ("decode", (tokens(1), start, pages), (chosen(1),),
+        ("decode", (tokens(1), start, pages), (chosen(1),), (),
          "Plain decoding: one token at position start."),
-        ("verify_draft", (tokens(B), start, n_draft, pages), (TensorSpec("round", (S, 2 * B), "i64"), taps(B)),
+        ("verify_draft", (tokens(B), start, n_draft, pages), (TensorSpec("round", (S, 2 * B), "i64"),), (taps(B),),
          "One speculative round in one call: `verify` the block [anchor, drafts] at [start, start+B), "
          "count the accepted drafts on the device (leading block[i+1] == chosen[i], i < n_draft), then "
          "`draft` the next block after the bonus token from the accepted rows' taps. round[:, :B] is "
@@ -176,8 +182,9 @@ def entry_points(shapes: ExportShapes, sampled: bool = True) -> list[EntryPoint]
     ]
     out = []
     for suffix, extra in (("", ()), ("_sampled", sampling)) if sampled else (("", ()),):
-        for name, args, results, doc in steps:
-            out.append(EntryPoint(name + suffix, "target", args + extra, results, doc))
+        for name, inputs, writes, results, doc in steps:
+            out.append(EntryPoint(name + suffix, "target", inputs + extra + writes, results, doc,
+                                  tuple(w.name for w in writes)))
     out.append(EntryPoint(
         "absorb", "drafter", (taps("R"), start), (TensorSpec("ctx_len", (S,), "i64"),),
         "Project R context rows (the target's taps at positions [start, start+R)) into the drafter's "
@@ -186,18 +193,19 @@ def entry_points(shapes: ExportShapes, sampled: bool = True) -> list[EntryPoint]
                   TensorSpec("anchor", (S,), "i64"), pages)
     draft = TensorSpec("draft", (S, B - 1), "i64")
     out.append(EntryPoint(
-        "draft", "drafter", draft_args, (draft,),
+        "draft", "drafter", draft_args + (draft,), (),
         "Absorb the first n_valid rows of the last verify's taps (positions [ctx_start, ctx_start+n_valid); "
         "rows past n_valid are ignored), then draft block_size-1 greedy tokens after the anchor at "
-        "position ctx_start+n_valid. After prefill, pass any taps with n_valid = 0."))
+        "position ctx_start+n_valid. After prefill, pass any taps with n_valid = 0.", ("draft",)))
     K = shapes.draft_top_k
     if K:
+        top = (draft, TensorSpec("topk_ids", (S, B - 1, K), "i32"), TensorSpec("topk_logprobs", (S, B - 1, K), "f32"))
         out.append(EntryPoint(
-            "draft_topk", "drafter", draft_args + (TensorSpec("temperature", (S,), "f32"),),
-            (draft, TensorSpec("topk_ids", (S, B - 1, K), "i32"), TensorSpec("topk_logprobs", (S, B - 1, K), "f32")),
+            "draft_topk", "drafter", draft_args + (TensorSpec("temperature", (S,), "f32"),) + top, (),
             f"`draft`, and at each drafted position the drafter's {K} best ids (descending logit, equal logits "
             "by lower id; topk_ids[..., 0] is the draft) and log_softmax(logits / temperature) at them, from "
-            "the top-K dispatch of kernels/ (temperature > 0; 1 gives the drafter's own distribution)."))
+            "the top-K dispatch of kernels/ (temperature > 0; 1 gives the drafter's own distribution).",
+            tuple(t.name for t in top)))
     return out
 
 
@@ -210,29 +218,41 @@ def _step(m: Pair, tokens, start, pages, sampling: Sampling | None, last_only: b
     return chosen, taps
 
 
-# The exported bodies; torch.export names the arguments after these parameters.
-def prefill(m, tokens, start, pages):
-    return _step(m, tokens, start, pages, None, last_only=True)
+# The exported bodies; torch.export names the arguments after these parameters. An output the host
+# reads is copied into its argument (IREE writes a mutated argument in place, no result of its own);
+# a body with nothing left to return returns an empty tuple (the importer refuses None).
+def prefill(m, tokens, start, pages, chosen):
+    c, taps = _step(m, tokens, start, pages, None, last_only=True)
+    chosen.copy_(c)
+    return taps
 
 
-def prefill_sampled(m, tokens, start, pages, temperature, top_k, top_p, seed):
-    return _step(m, tokens, start, pages, Sampling(temperature, top_k, top_p, seed), last_only=True)
+def prefill_sampled(m, tokens, start, pages, temperature, top_k, top_p, seed, chosen):
+    c, taps = _step(m, tokens, start, pages, Sampling(temperature, top_k, top_p, seed), last_only=True)
+    chosen.copy_(c)
+    return taps
 
 
-def verify(m, tokens, start, pages):
-    return _step(m, tokens, start, pages, None)
+def verify(m, tokens, start, pages, chosen):
+    c, taps = _step(m, tokens, start, pages, None)
+    chosen.copy_(c)
+    return taps
 
 
-def verify_sampled(m, tokens, start, pages, temperature, top_k, top_p, seed):
-    return _step(m, tokens, start, pages, Sampling(temperature, top_k, top_p, seed))
+def verify_sampled(m, tokens, start, pages, temperature, top_k, top_p, seed, chosen):
+    c, taps = _step(m, tokens, start, pages, Sampling(temperature, top_k, top_p, seed))
+    chosen.copy_(c)
+    return taps
 
 
-def decode(m, tokens, start, pages):
-    return _step(m, tokens, start, pages, None)[0]
+def decode(m, tokens, start, pages, chosen):
+    chosen.copy_(_step(m, tokens, start, pages, None)[0])
+    return ()
 
 
-def decode_sampled(m, tokens, start, pages, temperature, top_k, top_p, seed):
-    return _step(m, tokens, start, pages, Sampling(temperature, top_k, top_p, seed))[0]
+def decode_sampled(m, tokens, start, pages, temperature, top_k, top_p, seed, chosen):
+    chosen.copy_(_step(m, tokens, start, pages, Sampling(temperature, top_k, top_p, seed))[0])
+    return ()
 
 
 def accepted_drafts(block: torch.Tensor, chosen: torch.Tensor, n_draft: torch.Tensor) -> torch.Tensor:
@@ -255,21 +275,22 @@ def accepted_drafts(block: torch.Tensor, chosen: torch.Tensor, n_draft: torch.Te
     return (B - 1) - torch.amax(torch.where(miss, (B - 1) - i, 0), 1)
 
 
-def _verify_then_draft(m, tokens, start, n_draft, pages, sampling):
+def _verify_then_draft(m, tokens, start, n_draft, pages, sampling, round_):
     chosen, taps = _step(m, tokens, start, pages, sampling)
     n_valid = accepted_drafts(tokens, chosen, n_draft) + 1
     bonus = torch.gather(chosen, 1, (n_valid - 1)[:, None])[:, 0]
     draft = m.drafter(m.target, taps, start, n_valid, bonus, read_len=_read_len(pages))[0]
-    # one int64 result, so a round costs one device -> host transfer
-    return torch.cat([chosen, draft, n_valid[:, None]], 1), taps
+    # one int64 row, so a round costs one read of the host's
+    round_.copy_(torch.cat([chosen, draft, n_valid[:, None]], 1))
+    return taps
 
 
-def verify_draft(m, tokens, start, n_draft, pages):
-    return _verify_then_draft(m, tokens, start, n_draft, pages, None)
+def verify_draft(m, tokens, start, n_draft, pages, round):  # noqa: A002 (the manifest's name)
+    return _verify_then_draft(m, tokens, start, n_draft, pages, None, round)
 
 
-def verify_draft_sampled(m, tokens, start, n_draft, pages, temperature, top_k, top_p, seed):
-    return _verify_then_draft(m, tokens, start, n_draft, pages, Sampling(temperature, top_k, top_p, seed))
+def verify_draft_sampled(m, tokens, start, n_draft, pages, temperature, top_k, top_p, seed, round):  # noqa: A002
+    return _verify_then_draft(m, tokens, start, n_draft, pages, Sampling(temperature, top_k, top_p, seed), round)
 
 
 def absorb(m, taps, start):
@@ -277,13 +298,18 @@ def absorb(m, taps, start):
     return start + taps.shape[1]
 
 
-def draft(m, taps, ctx_start, n_valid, anchor, pages):
-    return m.drafter(m.target, taps, ctx_start, n_valid, anchor, read_len=_read_len(pages))[0]
+def draft(m, taps, ctx_start, n_valid, anchor, pages, draft):
+    draft.copy_(m.drafter(m.target, taps, ctx_start, n_valid, anchor, read_len=_read_len(pages))[0])
+    return ()
 
 
-def draft_topk(m, taps, ctx_start, n_valid, anchor, pages, temperature):
+def draft_topk(m, taps, ctx_start, n_valid, anchor, pages, temperature, draft, topk_ids, topk_logprobs):
     ids, logits = m.drafter(m.target, taps, ctx_start, n_valid, anchor, read_len=_read_len(pages))
-    return (ids, *m.drafter.top_k(logits, temperature, m.draft_top_k))
+    top_ids, top_lps = m.drafter.top_k(logits, temperature, m.draft_top_k)
+    draft.copy_(ids)
+    topk_ids.copy_(top_ids)
+    topk_logprobs.copy_(top_lps)
+    return ()
 
 
 _BODIES = {f.__name__: f for f in (prefill, prefill_sampled, verify, verify_sampled, decode, decode_sampled,

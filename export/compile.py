@@ -31,7 +31,7 @@ from dflash_iree.errors import DFlashError
 from dflash_iree.export.splice import last_report, splice_file
 from dflash_iree.kernels.norm_rope import ARCHS as NORM_ROPE_ARCHS
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: what the host reads is written into the caller's buffers (EntryPoint.writes)
 MODULE_FILE = "dflash.vmfb"
 MANIFEST_FILE = "manifest.json"
 DEFAULT_CONTEXT = 4096

@@ -19,7 +19,7 @@ from pathlib import Path
 from dflash_iree.checkpoint import index_checkpoint, sha256_file
 from dflash_iree.errors import DFlashError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 NUMPY_DTYPES = {"f32": "float32", "f16": "float16", "i64": "int64", "i32": "int32", "i8": "int8"}
 
 
@@ -159,7 +159,7 @@ class Artifacts:
         shapes = self.manifest["shapes"]
         dtype = ml_dtypes.bfloat16 if self.manifest["dtype"] == "bf16" else NUMPY_DTYPES[self.manifest["dtype"]]
         pair = CompiledPair(device, functions, self.block_size, shapes["kv_page"], shapes["tap_width"], np.dtype(dtype),
-                            context, vm_module)
+                            context, vm_module, int(self.manifest.get("draft_top_k", 0)))
         pair._keep = (instance, context, vm_module)  # the functions need these alive
         return pair
 

@@ -7,20 +7,21 @@ Entry points (export/aot.py): `prefill`, `verify`, `decode`, `verify_draft` (eac
 on the device: `prefill` and `verify` return them as device arrays and `absorb` / `draft` take
 them back.
 
-Host transfer contract: every device -> host copy goes through `CompiledPair._host`, which counts
-the bytes in `host_bytes`. What it copies: the target's chosen tokens (int64, one per block row),
-the draft ids (int64 [B - 1]), from `verify_draft` both in one int64 [2B] row with the device's
-accepted-row count, and, from `draft_topk` only, the draft's top-K ids (int32
-[B - 1, K]) and log-probs (float32 [B - 1, K]): 8 * (B - 1) * K more bytes a round. Never logits,
-taps or caches (tests/test_runtime.py checks the count).
+Host transfer contract: everything the host reads, a call writes into pinned host buffers the
+runtime passes as its last arguments (the manifest's `writes`), and the host reads them through
+`CompiledPair._read`, which counts the bytes in `host_bytes`. What they hold: the target's chosen
+tokens (int64, one per block row), the draft ids (int64 [B - 1]), from `verify_draft` both in one
+int64 [2B] row with the device's accepted-row count, and, from `draft_topk` only, the draft's top-K
+ids (int32 [B - 1, K]) and log-probs (float32 [B - 1, K]): 8 * (B - 1) * K more bytes a round.
+Never logits, taps or caches (tests/test_runtime.py checks the count).
 
 Host-side cost of a call (docs/performance.md, "Host time of a step"): arguments are written into
-pinned host buffers the device reads directly, and results are copied into pinned buffers, both
-reused from call to call (`Staging`), instead of iree.runtime's default of a new device buffer and
-a synchronous upload per argument and a host-memory registration per result. Plain decoding also
-runs one step ahead of the host (`decode_ahead`): each step's `$async` entry point is queued with
-the previous step's token as a device array and a fence on that step, and the token reaches the
-host through an 8-byte queued copy.
+pinned host buffers the device reads directly, and outputs are written by the call into pinned
+buffers the host reads in place, both reused from call to call (`Staging`), instead of iree.runtime's
+default of a new device buffer and a synchronous upload per argument, and of a queued copy the host
+waits for per result (docs/performance.md, "Results written into the caller's buffers"). Plain
+decoding also runs one step ahead of the host (`decode_ahead`): each step's `$async` entry point is
+queued with the previous step's output buffer as its token and a fence on that step.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import numpy as np
 
 class Staging:
     """Pinned host buffers (HOST_LOCAL | DEVICE_VISIBLE) for one device: arguments the device reads
-    in place and results copied back, reused from call to call.
+    in place and outputs it writes in place, reused from call to call.
 
     An argument buffer is rewritten `DEPTH` arguments of its shape and dtype later. A call's
     arguments must stay intact while it may run: at most two of this runtime's calls are ever in
@@ -49,9 +50,7 @@ class Staging:
         self.device, self._rt = device, rt
         self._memory = int(rt.MemoryType.HOST_LOCAL | rt.MemoryType.DEVICE_VISIBLE)
         self._args: dict[tuple, list] = {}  # (shape, dtype) -> [buffer views, next slot]
-        self._results: dict[int, object] = {}  # bytes -> pinned buffer
-        self._copies = device.create_semaphore(0)
-        self._copied = 0
+        self._outs: dict[tuple, object] = {}  # (shape, dtype, slot) -> pinned buffer calls write into
 
     def arg(self, array: np.ndarray, constant: bool = False):
         """`array` (any numpy array; copied) in a pinned buffer, as an iree.runtime DeviceArray of the
@@ -76,28 +75,20 @@ class Staging:
             del mapped
         return rt.DeviceArray(self.device, view, override_dtype=array.dtype)
 
-    def pinned(self, size: int):
-        """A new pinned buffer of `size` bytes that results are copied into and the host maps."""
-        usage = int(self._rt.BufferUsage.TRANSFER_TARGET | self._rt.BufferUsage.MAPPING_SCOPED)
-        return self.device.allocator.allocate_buffer(memory_type=self._memory, allowed_usage=usage,
-                                                     allocation_size=size)
+    def out(self, shape: tuple, dtype, slot: int = 0):
+        """Pinned buffer `slot` of `shape` and `dtype` for a call to write an output into (an argument
+        in the manifest's `writes`), kept and reused; `value` reads it once the call is done."""
+        key = (tuple(shape), np.dtype(dtype).str, slot)
+        if key not in self._outs:
+            self._outs[key] = self.arg(np.zeros(shape, dtype), constant=True)
+        return self._outs[key]
 
-    def read(self, array) -> np.ndarray:
-        """A device array's contents as a new numpy array (its shape and dtype), through a queued copy
-        into a pinned buffer kept per byte size; returns when the copy is done."""
-        rt = self._rt
-        view = array._buffer_view
-        source = view.get_buffer()
-        size = source.byte_length()
-        if size not in self._results:
-            self._results[size] = self.pinned(size)
-        target = self._results[size]
-        self.device.queue_copy(source, target, rt.HalFence.create_at(self._copies, self._copied),
-                               rt.HalFence.create_at(self._copies, self._copied + 1))
-        self._copied += 1  # only once queued: a failed copy must not leave later reads waiting
-        rt.HalFence.create_at(self._copies, self._copied).wait()
-        mapped = target.map()
-        out = np.array(mapped.asarray(tuple(view.shape), array.dtype))
+    @staticmethod
+    def value(array) -> np.ndarray:
+        """The contents of a pinned buffer (`out`, `arg`) as a new numpy array of its shape and dtype,
+        read in place: for one a call writes, once the call is done."""
+        mapped = array._buffer_view.get_buffer().map()
+        out = np.array(mapped.asarray(tuple(array.shape), array.dtype))
         del mapped
         return out
 
@@ -110,27 +101,32 @@ class CompiledPair:
         functions: entry-point name -> iree.runtime.FunctionInvoker.
         block_size, kv_page, tap_width: from the manifest.
         tap_dtype: numpy dtype of the taps (for the zero rows passed to the first `draft`).
+        top_k: the manifest's `draft_top_k`, K of `draft_topk` (0: none).
         context, vm_module: the iree.runtime VmContext and VmModule behind `functions`, for the
             `$async` entry points of `decode_ahead` (None: `decode_ahead` decodes synchronously).
     """
 
     def __init__(self, device, functions: dict, block_size: int, kv_page: int, tap_width: int, tap_dtype,
-                 context=None, vm_module=None):
-        self.device, self.fn = device, functions
+                 context=None, vm_module=None, top_k: int = 0):
+        self.device, self.fn, self.top_k = device, functions, top_k
         self._context, self._vm_module = context, vm_module
         self.block_size, self.kv_page = block_size, kv_page
         self._zero_taps = np.zeros((1, block_size, tap_width), tap_dtype)
         self._sampling: tuple = ()
         self._suffix = ""
-        self.host_bytes = 0  # bytes copied device -> host, for the transfer contract
+        self.host_bytes = 0  # bytes the host reads of the device's outputs, for the transfer contract
         self._stage = Staging(device)
         self._pages_args: dict[int, object] = {}
 
-    def _host(self, array) -> np.ndarray:
-        """The one way results reach the host: token ids, and the draft top-K's [B - 1, K] arrays."""
-        out = self._stage.read(array)
-        self.host_bytes += out.nbytes
-        return out
+    def _read(self, out) -> np.ndarray:
+        """The one way outputs reach the host: a pinned buffer a finished call wrote (token ids, and
+        the draft top-K's [B - 1, K] arrays)."""
+        value = self._stage.value(out)
+        self.host_bytes += value.nbytes
+        return value
+
+    def _out(self, *shape, dtype=np.int64, slot: int = 0):
+        return self._stage.out(shape, dtype, slot)
 
     def set_sampling(self, temperature: float, top_k: int, top_p: float, seed: int) -> None:
         """Greedy requests call the plain entry points; others the `*_sampled` ones."""
@@ -153,29 +149,32 @@ class CompiledPair:
     def _i64(self, values) -> object:
         return self._stage.arg(np.array(values, np.int64))
 
-    def _target(self, name: str, tokens: list[int], start: int, *before_pages):
+    def _target(self, name: str, tokens: list[int], start: int, *before_pages, writes: tuple = ()):
         # a prompt's length varies from request to request: its own buffer, not a ring per length
         ids = self._stage.arg(np.array([tokens], np.int64), constant=len(tokens) > self.block_size)
         args = (ids, self._i64([start]), *before_pages, self._pages(start + len(tokens)))
-        return self.fn[name + self._suffix](*args, *self._sampling)
+        return self.fn[name + self._suffix](*args, *self._sampling, *writes)
 
     def prefill(self, ids: list[int]):
         """Run the prompt from position 0. Returns (first new token, taps device array [1, P, N])."""
-        chosen, taps = self._target("prefill", ids, 0)
-        return int(self._host(chosen)[0, -1]), taps
+        chosen = self._out(1, 1)
+        taps = self._target("prefill", ids, 0, writes=(chosen,))
+        return int(self._read(chosen)[0, -1]), taps
 
     def decode(self, token: int, start: int) -> int:
         """One plain step: the token at `start`; returns the target's next token."""
-        return int(self._host(self._target("decode", [token], start))[0, -1])
+        chosen = self._out(1, 1)
+        self._target("decode", [token], start, writes=(chosen,))
+        return int(self._read(chosen)[0, -1])
 
     def decode_ahead(self, token: int, start: int, n: int) -> Iterator[int]:
         """Plain decoding of `n` tokens after `token` (at position `start`), the device one step ahead.
 
         Step i (the token at start + i) is queued before step i - 1's token reaches the host; its
-        input token never leaves the device. The tokens are those of n `decode` calls. On the pinned
-        CUDA HAL an invocation returns only when its step is done, so the gain is the cheaper
-        argument and result handling, not overlap (docs/performance.md, "Host time of a step").
-        One request at a time: no other call may run on this pair while the generator is open.
+        input token is the pinned buffer step i - 1 wrote. The tokens are those of n `decode` calls.
+        On the pinned CUDA HAL an invocation returns only when its step is done, so the gain is the
+        cheaper argument and result handling, not overlap (docs/performance.md, "Where a step's time
+        goes"). One request at a time: no other call may run on this pair while the generator is open.
 
         Args:
             token: the last committed token, at position `start` (int, tokens).
@@ -196,26 +195,21 @@ class CompiledPair:
         import iree.runtime as rt
 
         steps = self.device.create_semaphore(0)
-        copies = self.device.create_semaphore(0)
-        # two pinned slots: step i's copy lands while the host reads step i - 1's
-        slots = [self._stage.pinned(8) for _ in range(2)]
-        tokens = self._i64([[token]])._buffer_view
-        issued = copied = 0
+        tokens = self._i64([[token]])
+        issued = 0
 
         def issue(i: int):
-            nonlocal tokens, issued, copied
-            args = rt.VmVariantList(5 + len(self._sampling))  # tokens, start, pages, sampling, 2 fences
-            for ref in (tokens, self._i64([start + i])._buffer_view, self._pages(start + i + 1)._buffer_view,
-                        *(a._buffer_view for a in self._sampling),
-                        rt.HalFence.create_at(steps, i), rt.HalFence.create_at(steps, i + 1)):
-                args.push_ref(ref)
-            out = rt.VmVariantList(1)
-            self._context.invoke(fn, args, out)
-            issued = i + 1
-            tokens = out.get_as_object(0, rt.HalBufferView)
-            self.device.queue_copy(tokens.get_buffer(), slots[i % 2], rt.HalFence.create_at(steps, i + 1),
-                                   rt.HalFence.create_at(copies, i + 1))
-            copied = i + 1
+            # step i writes slot i % 2 and reads slot (i - 1) % 2; the host has read the token of
+            # step i - 2, which was in slot i % 2, before it queues step i
+            nonlocal tokens, issued
+            chosen = self._out(1, 1, slot=i % 2)
+            args = rt.VmVariantList(6 + len(self._sampling))  # tokens, start, pages, sampling, chosen, 2 fences
+            for a in (tokens, self._i64([start + i]), self._pages(start + i + 1), *self._sampling, chosen):
+                args.push_ref(a._buffer_view)
+            args.push_ref(rt.HalFence.create_at(steps, i))
+            args.push_ref(rt.HalFence.create_at(steps, i + 1))
+            self._context.invoke(fn, args, rt.VmVariantList(0))
+            issued, tokens = i + 1, chosen
 
         try:
             if n > 0:
@@ -223,15 +217,10 @@ class CompiledPair:
             for i in range(n):
                 if i + 1 < n:
                     issue(i + 1)
-                rt.HalFence.create_at(copies, i + 1).wait()
-                mapped = slots[i % 2].map()
-                token = int(mapped.asarray((1,), np.dtype(np.int64))[0])
-                del mapped
-                self.host_bytes += 8
-                yield token
+                rt.HalFence.create_at(steps, i + 1).wait()
+                yield int(self._read(self._out(1, 1, slot=i % 2))[0, 0])
         finally:  # nothing of this chain may still run when the next call writes the caches
             rt.HalFence.create_at(steps, issued).wait()
-            rt.HalFence.create_at(copies, copied).wait()
 
     def _async_function(self, name: str):
         """The VmFunction of entry point `name`'s `$async` form, or None without a context."""
@@ -250,8 +239,9 @@ class CompiledPair:
             (the target's token after each of the len(block) rows, taps device array [1, B, N]).
         """
         n = len(block)
-        chosen, taps = self._target("verify", self._pad(block), start)
-        return [int(t) for t in self._host(chosen)[0, :n]], taps
+        chosen = self._out(1, self.block_size)
+        taps = self._target("verify", self._pad(block), start, writes=(chosen,))
+        return [int(t) for t in self._read(chosen)[0, :n]], taps
 
     def verify_draft(self, block: list[int], start: int):
         """One round in one call (the `verify_draft` entry point): verify [anchor, drafts...]
@@ -263,10 +253,10 @@ class CompiledPair:
             rows the device accepted (its accepted + 1), taps device array [1, B, N] for a redone
             `draft`).
         """
-        n = len(block)
-        packed, taps = self._target("verify_draft", self._pad(block), start, self._i64([n - 1]))
-        row = [int(t) for t in self._host(packed)[0]]
-        B = self.block_size
+        n, B = len(block), self.block_size
+        packed = self._out(1, 2 * B)
+        taps = self._target("verify_draft", self._pad(block), start, self._i64([n - 1]), writes=(packed,))
+        row = [int(t) for t in self._read(packed)[0]]
         return row[:n], row[B:2 * B - 1], row[2 * B - 1], taps
 
     def has_verify_draft(self) -> bool:
@@ -292,8 +282,9 @@ class CompiledPair:
 
         `taps` None (the first round after prefill) passes zero rows with n_valid = 0.
         """
-        out = self.fn["draft"](*self._draft_args(taps, ctx_start, n_valid, anchor, start))
-        return [int(t) for t in self._host(out)[0]]
+        draft = self._out(1, self.block_size - 1)
+        self.fn["draft"](*self._draft_args(taps, ctx_start, n_valid, anchor, start), draft)
+        return [int(t) for t in self._read(draft)[0]]
 
     def _draft_args(self, taps, ctx_start: int, n_valid: int, anchor: int, start: int) -> tuple:
         taps = self._zero_taps if taps is None else taps
@@ -309,6 +300,9 @@ class CompiledPair:
             (draft ids [B - 1] list, top-K ids int32 ndarray [B - 1, K], log-probs float32 ndarray
             [B - 1, K]), K the compiled count; ids[:, 0] are the draft ids.
         """
-        draft, ids, lps = self.fn["draft_topk"](*self._draft_args(taps, ctx_start, n_valid, anchor, start),
-                                                self._stage.arg(np.array([temperature], np.float32)))
-        return [int(t) for t in self._host(draft)[0]], self._host(ids)[0], self._host(lps)[0]
+        outs = (self._out(1, self.block_size - 1), self._out(1, self.block_size - 1, self.top_k, dtype=np.int32),
+                self._out(1, self.block_size - 1, self.top_k, dtype=np.float32))
+        self.fn["draft_topk"](*self._draft_args(taps, ctx_start, n_valid, anchor, start),
+                              self._stage.arg(np.array([temperature], np.float32)), *outs)
+        draft, ids, lps = (self._read(o) for o in outs)
+        return [int(t) for t in draft[0]], ids[0], lps[0]

@@ -187,24 +187,25 @@ def test_manifest(host_cli, target_dir, drafter_dir):
                      "decode_sampled", "verify_draft_sampled", "absorb", "draft", "draft_topk"]
     e = {x["name"]: x for x in m["entry_points"]}
     assert e["verify"]["args"][0] == {"name": "tokens", "shape": [1, 8], "dtype": "i64"}
-    assert e["verify"]["results"] == [{"name": "chosen", "shape": [1, 8], "dtype": "i64"},
-                                      {"name": "taps", "shape": [1, 8, 128], "dtype": "f32"}]
+    assert e["verify"]["results"] == [{"name": "taps", "shape": [1, 8, 128], "dtype": "f32"}]
+    assert e["verify"]["writes"] == ["chosen"] and e["verify"]["args"][-1] == {"name": "chosen", "shape": [1, 8], "dtype": "i64"}
+    assert e["decode"]["results"] == [] and e["decode"]["writes"] == ["chosen"]
     assert e["prefill"]["args"][0]["shape"] == [1, "T"] and e["absorb"]["args"][0]["shape"] == [1, "R", 128]
-    assert e["draft"]["results"] == [{"name": "draft", "shape": [1, 7], "dtype": "i64"}]
+    assert e["draft"]["results"] == [] and e["draft"]["args"][-1] == {"name": "draft", "shape": [1, 7], "dtype": "i64"}
     assert e["verify_draft"]["args"][2] == {"name": "n_draft", "shape": [1], "dtype": "i64"}
-    assert e["verify_draft"]["results"] == [{"name": "round", "shape": [1, 16], "dtype": "i64"},
-                                            {"name": "taps", "shape": [1, 8, 128], "dtype": "f32"}]
+    assert e["verify_draft"]["results"] == [{"name": "taps", "shape": [1, 8, 128], "dtype": "f32"}]
+    assert e["verify_draft"]["args"][-1] == {"name": "round", "shape": [1, 16], "dtype": "i64"}
     # draft_topk: K fixed at compile time (default 8), recorded; the greedy draft entry unchanged
     assert m["draft_top_k"] == cc.DEFAULT_DRAFT_TOP_K == 8 and m["shapes"]["draft_top_k"] == 8
-    assert e["draft_topk"]["args"] == e["draft"]["args"] + [{"name": "temperature", "shape": [1], "dtype": "f32"}]
-    assert e["draft_topk"]["results"] == [{"name": "draft", "shape": [1, 7], "dtype": "i64"},
-                                          {"name": "topk_ids", "shape": [1, 7, 8], "dtype": "i32"},
-                                          {"name": "topk_logprobs", "shape": [1, 7, 8], "dtype": "f32"}]
+    assert e["draft_topk"]["args"] == e["draft"]["args"][:-1] + [
+        {"name": "temperature", "shape": [1], "dtype": "f32"}, {"name": "draft", "shape": [1, 7], "dtype": "i64"},
+        {"name": "topk_ids", "shape": [1, 7, 8], "dtype": "i32"}, {"name": "topk_logprobs", "shape": [1, 7, 8], "dtype": "f32"}]
+    assert e["draft_topk"]["results"] == [] and e["draft_topk"]["writes"] == ["draft", "topk_ids", "topk_logprobs"]
     assert any("object-search-path" in f for f in m["splice_flags"])
     assert m["stats"]["dispatches_per_call"]["draft_topk"] == m["stats"]["dispatches_per_call"]["draft"] + 2
-    # no entry point returns anything vocab-sized
+    # no entry point returns or writes anything vocab-sized
     vocab = m["target"]["config"]["vocab_size"]
-    assert all(vocab not in r["shape"] for x in m["entry_points"] for r in x["results"])
+    assert all(vocab not in r["shape"] for x in m["entry_points"] for r in x["results"] + x["args"])
     assert m["shapes"]["dims"]["P"] == {"min": 1, "max": CONTEXT // KV_PAGE, "doc": m["shapes"]["dims"]["P"]["doc"]}
     # parameters: the safetensors keys, with shapes and dtypes, per scope; caches are not among them
     from safetensors import safe_open
@@ -257,9 +258,21 @@ class Compiled:
             rt.create_hal_module(self.instance, self.device),
             rt.create_io_parameters_module(self.instance, *providers), self.module])
 
+        self.entries = {e["name"]: e for e in json.loads((folder / "manifest.json").read_text())["entry_points"]}
+
     def __call__(self, name, *args):
-        fn = self.rt.FunctionInvoker(self.context, self.device, self.module.lookup_function(name))
-        return fn(*[a.numpy() if isinstance(a, torch.Tensor) else a for a in args])
+        """The outputs the call writes into buffers of ours (the manifest's `writes`, passed last),
+        then its results, as the entry point returned them all before it wrote any (one: itself)."""
+        rt = self.rt
+        e = self.entries[name]
+        dtypes = {"i64": np.int64, "i32": np.int32, "f32": np.float32}
+        outs = [rt.asdevicearray(self.device, np.zeros(a["shape"], dtypes[a["dtype"]]))
+                for a in e["args"] if a["name"] in e["writes"]]
+        fn = rt.FunctionInvoker(self.context, self.device, self.module.lookup_function(name))
+        results = fn(*[a.numpy() if isinstance(a, torch.Tensor) else a for a in args], *outs)
+        results = [] if results is None else list(results) if isinstance(results, tuple) else [results]
+        values = [o.to_host() for o in outs] + results
+        return values[0] if len(values) == 1 else tuple(values)
 
 
 def _pages(rows: int) -> np.ndarray:

@@ -216,14 +216,17 @@ def test_decode_ahead_equals_synchronous_calls(engine, name):
 
 def test_staging_reuses_pinned_buffers(engine):
     """Arguments go through a ring of Staging.DEPTH pinned buffers per shape: the last DEPTH values
-    written are intact, the ring does not grow, and a result read back equals what was written."""
+    written are intact and the ring does not grow; an output buffer is kept per shape, dtype and slot."""
     st = engine.module._stage
     args = [st.arg(np.array([[i, -i]], np.int64)) for i in range(3 * Staging.DEPTH)]
     recent = args[-Staging.DEPTH:]
-    assert [st.read(a).tolist() for a in recent] == [[[i, -i]] for i in range(2 * Staging.DEPTH, 3 * Staging.DEPTH)]
+    assert [st.value(a).tolist() for a in recent] == [[[i, -i]] for i in range(2 * Staging.DEPTH, 3 * Staging.DEPTH)]
     assert len(st._args[((1, 2), np.dtype(np.int64).str)][0]) == Staging.DEPTH
     pages = engine.module._pages(100)
-    assert pages is engine.module._pages(97) and st.read(pages).shape == (-(-100 // engine.module.kv_page),)
+    assert pages is engine.module._pages(97) and st.value(pages).shape == (-(-100 // engine.module.kv_page),)
+    out = st.out((1, 3), np.int32)
+    assert out is st.out((1, 3), np.int32) and out is not st.out((1, 3), np.int32, slot=1)
+    assert st.value(out).dtype == np.int32 and st.value(out).shape == (1, 3)
 
 
 def test_num_speculative_tokens(engine):
