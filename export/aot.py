@@ -12,7 +12,7 @@ the drafter uses too) are bound once. What the module looks like from outside:
 - Attention reads the cache only up to a length the caller chooses, in pages of `KV_PAGE` rows:
   the shape of the `pages` argument (its contents are ignored) is the dynamic dim that bounds
   every cache read, so decode cost follows the context, not `max_context`.
-- Only [S, K]-sized results leave a production entry point: chosen tokens, draft ids (and, from
+- Only [S, K]-sized data leaves a production entry point: chosen tokens, draft ids (and, from
   `draft_topk`, the draft's top-K ids and log-probs), and the taps, which the runtime keeps on the
   device and passes back to `absorb` / `draft`.
 - What the host reads is not returned but written into buffers the caller passes, the last
@@ -21,7 +21,7 @@ the drafter uses too) are bound once. What the module looks like from outside:
   (docs/performance.md, "Results written into the caller's buffers"). Only the taps (and `absorb`'s
   count) are returned.
 - `verify_draft` is a whole speculative round in one call (verify, the acceptance count on the
-  device, the next draft), so a round costs one call and one transfer instead of two; the host's
+  device, the next draft), so a round costs one call and one read of the host's instead of two; the host's
   `accept_length` stays the rule, and the runtime checks the device's count against it every round.
 - `draft_topk` (when compiled with a top-K count) computes its top-K with a custom op
   (export/ops.py) that export/splice.py replaces, per arch, with the dispatch of kernels/topk.py.

@@ -30,6 +30,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from dflash_iree.errors import DFlashError
+
 
 class Staging:
     """Pinned host buffers (HOST_LOCAL | DEVICE_VISIBLE) for one device: arguments the device reads
@@ -77,7 +79,10 @@ class Staging:
 
     def out(self, shape: tuple, dtype, slot: int = 0):
         """Pinned buffer `slot` of `shape` and `dtype` for a call to write an output into (an argument
-        in the manifest's `writes`), kept and reused; `value` reads it once the call is done."""
+        in the manifest's `writes`), kept and reused; `value` reads it once the call is done. Entry
+        points with outputs of one shape share it (prefill and decode, draft and draft_topk): safe
+        because every call but `decode_ahead`'s steps returns when done, `value` copies, and
+        `decode_ahead` runs alone, alternating two slots."""
         key = (tuple(shape), np.dtype(dtype).str, slot)
         if key not in self._outs:
             self._outs[key] = self.arg(np.zeros(shape, dtype), constant=True)
@@ -199,8 +204,8 @@ class CompiledPair:
         issued = 0
 
         def issue(i: int):
-            # step i writes slot i % 2 and reads slot (i - 1) % 2; the host has read the token of
-            # step i - 2, which was in slot i % 2, before it queues step i
+            # step i writes slot i % 2 and reads slot (i - 1) % 2 (step 0: the staged token); the
+            # host has read step i - 2's token, which was in slot i % 2, before it queues step i
             nonlocal tokens, issued
             chosen = self._out(1, 1, slot=i % 2)
             args = rt.VmVariantList(6 + len(self._sampling))  # tokens, start, pages, sampling, chosen, 2 fences
@@ -300,6 +305,9 @@ class CompiledPair:
             (draft ids [B - 1] list, top-K ids int32 ndarray [B - 1, K], log-probs float32 ndarray
             [B - 1, K]), K the compiled count; ids[:, 0] are the draft ids.
         """
+        if self.top_k < 1:
+            raise DFlashError("these artifacts have no draft_topk entry point (compiled with --draft-top-k 0); "
+                              "recompile with --draft-top-k K, K in 1..64")
         outs = (self._out(1, self.block_size - 1), self._out(1, self.block_size - 1, self.top_k, dtype=np.int32),
                 self._out(1, self.block_size - 1, self.top_k, dtype=np.float32))
         self.fn["draft_topk"](*self._draft_args(taps, ctx_start, n_valid, anchor, start),

@@ -177,6 +177,8 @@ def test_draft_top_k_refusals(engine, host_artifacts, tmp_path):
     with pytest.raises(DFlashError, match=r"has no draft_topk entry point .*recompile with dflash-iree compile "
                                           r"--draft-top-k 2"):
         Engine.load(arts).generate(PROMPTS[0], 10, draft_top_k=2)
+    with pytest.raises(DFlashError, match=r"no draft_topk entry point .*--draft-top-k K"):
+        Engine.load(arts).module.draft_topk(None, 0, 0, 1, 0, 1.0)  # the module itself refuses too
 
 
 def test_repeat_requests_equal_fresh_engines(engine, host_artifacts):
