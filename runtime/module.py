@@ -106,9 +106,9 @@ class CompiledPair:
         functions: entry-point name -> iree.runtime.FunctionInvoker.
         block_size, kv_page, tap_width: from the manifest.
         tap_dtype: numpy dtype of the taps (for the zero rows passed to the first `draft`).
-        top_k: the manifest's `draft_top_k`, K of `draft_topk` (0: none).
         context, vm_module: the iree.runtime VmContext and VmModule behind `functions`, for the
             `$async` entry points of `decode_ahead` (None: `decode_ahead` decodes synchronously).
+        top_k: the manifest's `draft_top_k`, K of `draft_topk` (0: none).
     """
 
     def __init__(self, device, functions: dict, block_size: int, kv_page: int, tap_width: int, tap_dtype,
