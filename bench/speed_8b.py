@@ -188,8 +188,9 @@ def _timeline_rows(events: list) -> tuple:
         if not launches:
             continue
         between = [b["ts"] - (a["ts"] + a["dur"]) for a, b in zip(launches, launches[1:])]
-        work = sorted(((g, c) for c, g in ((c, gpu[c["args"]["correlation"]]) for c in calls
-                                            if c.get("args", {}).get("correlation") in gpu)), key=lambda p: p[0]["ts"])
+        # (GPU op, the driver call that launched it), in GPU order
+        work = sorted(((gpu[c["args"]["correlation"]], c) for c in calls if c.get("args", {}).get("correlation") in gpu),
+                      key=lambda p: p[0]["ts"])
         busy = sum(g["dur"] for g, _ in work)
         waiting, long_gaps, prev_end = 0.0, [], None
         for g, c in work:
@@ -252,24 +253,37 @@ def _host_timeline(fn, n: int = 8, trace: Path | None = None) -> dict:
     return med
 
 
-def _invoke_only(pair, name: str, arrays: list):
-    """A function that invokes `name$async` on arguments staged once, with its wait fence already
-    signaled, and waits for its fence: a call without the runtime's argument and result handling."""
+def _async_call(pair, name: str, arrays: list):
+    """(invoke, wait) for `name$async` on arguments staged once: invoke() queues one call with its
+    wait fence already signaled, wait() returns when the last one's fence signals."""
     import iree.runtime as rt
 
     fn = pair._async_function(name)
     sem = pair.device.create_semaphore(0)
     views = [a._buffer_view if hasattr(a, "_buffer_view") else pair._stage.arg(a)._buffer_view for a in arrays]
-    n = 0
+    calls = 0
 
-    def call():
-        nonlocal n
+    def invoke():
+        nonlocal calls
         args = rt.VmVariantList(len(views) + 2)
-        for ref in views + [rt.HalFence.create_at(sem, n), rt.HalFence.create_at(sem, n + 1)]:
+        for ref in views + [rt.HalFence.create_at(sem, calls), rt.HalFence.create_at(sem, calls + 1)]:
             args.push_ref(ref)
         pair._context.invoke(fn, args, rt.VmVariantList(4))
-        n += 1
-        rt.HalFence.create_at(sem, n).wait()
+        calls += 1
+
+    def wait():
+        rt.HalFence.create_at(sem, calls).wait()
+
+    return invoke, wait
+
+
+def _invoke_only(pair, name: str, arrays: list):
+    """A call of `name$async` without the runtime's argument and result handling (`_async_call`)."""
+    invoke, wait = _async_call(pair, name, arrays)
+
+    def call():
+        invoke()
+        wait()
 
     return call
 
@@ -280,20 +294,13 @@ def _issue_ms(pair, name: str, arrays: list, n: int = 16) -> dict:
     command buffer, and the driver launches its kernels); "done": from there until the step's fence
     signals. Medians over n calls. On the pinned CUDA HAL the invocation itself waits for the
     step's work (its transients are freed at the end), so "issue" includes the GPU's tail."""
-    import iree.runtime as rt
-
-    fn = pair._async_function(name)
-    sem = pair.device.create_semaphore(0)
+    invoke, wait = _async_call(pair, name, arrays)
     issue, done = [], []
     for i in range(n + 2):
-        args = rt.VmVariantList(len(arrays) + 2)
-        views = [a._buffer_view if hasattr(a, "_buffer_view") else pair._stage.arg(a)._buffer_view for a in arrays]
-        for ref in views + [rt.HalFence.create_at(sem, i), rt.HalFence.create_at(sem, i + 1)]:
-            args.push_ref(ref)
         t0 = time.perf_counter()
-        pair._context.invoke(fn, args, rt.VmVariantList(4))
+        invoke()
         t1 = time.perf_counter()
-        rt.HalFence.create_at(sem, i + 1).wait()
+        wait()
         if i >= 2:
             issue.append((t1 - t0) * 1e3)
             done.append((time.perf_counter() - t1) * 1e3)

@@ -218,40 +218,39 @@ def _step(m: Pair, tokens, start, pages, sampling: Sampling | None, last_only: b
     return chosen, taps
 
 
+def _step_into(m: Pair, tokens, start, pages, sampling: Sampling | None, chosen, last_only: bool = False):
+    """`_step` with its chosen tokens copied into the caller's `chosen`; returns the taps."""
+    c, taps = _step(m, tokens, start, pages, sampling, last_only)
+    chosen.copy_(c)
+    return taps
+
+
 # The exported bodies; torch.export names the arguments after these parameters. An output the host
 # reads is copied into its argument (IREE writes a mutated argument in place, no result of its own);
 # a body with nothing left to return returns an empty tuple (the importer refuses None).
 def prefill(m, tokens, start, pages, chosen):
-    c, taps = _step(m, tokens, start, pages, None, last_only=True)
-    chosen.copy_(c)
-    return taps
+    return _step_into(m, tokens, start, pages, None, chosen, last_only=True)
 
 
 def prefill_sampled(m, tokens, start, pages, temperature, top_k, top_p, seed, chosen):
-    c, taps = _step(m, tokens, start, pages, Sampling(temperature, top_k, top_p, seed), last_only=True)
-    chosen.copy_(c)
-    return taps
+    return _step_into(m, tokens, start, pages, Sampling(temperature, top_k, top_p, seed), chosen, last_only=True)
 
 
 def verify(m, tokens, start, pages, chosen):
-    c, taps = _step(m, tokens, start, pages, None)
-    chosen.copy_(c)
-    return taps
+    return _step_into(m, tokens, start, pages, None, chosen)
 
 
 def verify_sampled(m, tokens, start, pages, temperature, top_k, top_p, seed, chosen):
-    c, taps = _step(m, tokens, start, pages, Sampling(temperature, top_k, top_p, seed))
-    chosen.copy_(c)
-    return taps
+    return _step_into(m, tokens, start, pages, Sampling(temperature, top_k, top_p, seed), chosen)
 
 
 def decode(m, tokens, start, pages, chosen):
-    chosen.copy_(_step(m, tokens, start, pages, None)[0])
+    _step_into(m, tokens, start, pages, None, chosen)
     return ()
 
 
 def decode_sampled(m, tokens, start, pages, temperature, top_k, top_p, seed, chosen):
-    chosen.copy_(_step(m, tokens, start, pages, Sampling(temperature, top_k, top_p, seed))[0])
+    _step_into(m, tokens, start, pages, Sampling(temperature, top_k, top_p, seed), chosen)
     return ()
 
 

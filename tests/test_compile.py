@@ -29,6 +29,7 @@ from dflash_iree.export.aot import KV_PAGE
 from dflash_iree.export.load import load_pair
 from dflash_iree.export.sampling import Sampling
 from dflash_iree.kernels.reference import score
+from dflash_iree.runtime.artifacts import NUMPY_DTYPES
 
 RECORDS = Path(__file__).resolve().parents[1] / "compiled" / "records"
 UPDATE_RECORDS = os.environ.get("DFLASH_IREE_UPDATE_RECORDS") == "1"
@@ -265,8 +266,7 @@ class Compiled:
         then its results, as the entry point returned them all before it wrote any (one: itself)."""
         rt = self.rt
         e = self.entries[name]
-        dtypes = {"i64": np.int64, "i32": np.int32, "f32": np.float32}
-        outs = [rt.asdevicearray(self.device, np.zeros(a["shape"], dtypes[a["dtype"]]))
+        outs = [rt.asdevicearray(self.device, np.zeros(a["shape"], NUMPY_DTYPES[a["dtype"]]))
                 for a in e["args"] if a["name"] in e["writes"]]
         fn = rt.FunctionInvoker(self.context, self.device, self.module.lookup_function(name))
         results = fn(*[a.numpy() if isinstance(a, torch.Tensor) else a for a in args], *outs)
