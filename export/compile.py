@@ -345,14 +345,22 @@ def _stats(path: Path) -> dict:
             "fills": agg["Fills"], "dispatches_per_call": per_call}
 
 
-def _config_entry(cfg) -> dict:
-    return {"folder": str(Path(cfg.folder).resolve()), "config_hash": config_hash(cfg.raw), "config": cfg.to_dict(),
-            "raw_config": cfg.raw}
+def _config_entry(cfg, out: Path) -> dict:
+    """A checkpoint's manifest entry. Its folder twice: `folder` absolute, and `folder_relative` to the
+    artifact folder `out`, so that artifacts moved together with their checkpoints still find them
+    (runtime/artifacts.py `recorded_folder`; none where no relative path exists, another drive)."""
+    folder = Path(cfg.folder).resolve()
+    entry = {"folder": str(folder)}
+    try:
+        entry["folder_relative"] = os.path.relpath(folder, out.resolve())
+    except ValueError:
+        pass
+    return {**entry, "config_hash": config_hash(cfg.raw), "config": cfg.to_dict(), "raw_config": cfg.raw}
 
 
 def manifest(p: Plan, arch: Arch, flags: list[str], stats: dict, files: dict, requested: str, note: str,
-             compile_s: float, splice_flags: list[str] = (), splices: dict | None = None) -> dict:
-    """The manifest.json contents (see docs in README, `make compile`)."""
+             compile_s: float, splice_flags: list[str] = (), splices: dict | None = None, *, out: Path) -> dict:
+    """The manifest.json contents (see docs in README, `make compile`) of the artifact folder `out`."""
     from dflash_iree.export.aot import KV_PAGE, export_shapes, shapes_dict
 
     shapes = export_shapes(p)
@@ -368,8 +376,8 @@ def manifest(p: Plan, arch: Arch, flags: list[str], stats: dict, files: dict, re
         "flags": flags,
         "splice_flags": list(splice_flags),
         "splices": splices or {},  # what export/splice.py replaced, per splice (last_report())
-        "target": _config_entry(p.target),
-        "drafter": _config_entry(p.drafter),
+        "target": _config_entry(p.target, out),
+        "drafter": _config_entry(p.drafter, out),
         "block_size": p.block_size,
         "trained_block_size": p.drafter.block_size,
         "draft_top_k": p.draft_top_k,
@@ -439,7 +447,7 @@ def lower(p: Plan, arch_name: str, mlir: str | Path, out_dir: str | Path, log=No
             f"{stats['executables']} executables, {stats['dispatches']} dispatches")
         files = {MODULE_FILE: sha256_file(vmfb)}
         stats["module_bytes"] = vmfb.stat().st_size
-        m = manifest(p, arch, flags, stats, files, arch_name, note, compile_s, splice_flags, replaced)
+        m = manifest(p, arch, flags, stats, files, arch_name, note, compile_s, splice_flags, replaced, out=out)
         (stage / MANIFEST_FILE).write_text(json.dumps(m, indent=1) + "\n")
         _replace(stage, out)
     except BaseException:

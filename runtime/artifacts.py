@@ -80,11 +80,50 @@ class Artifacts:
 
     @property
     def target_folder(self) -> str:
-        return self.manifest["target"]["folder"]
+        """The target checkpoint folder the manifest records (`recorded_folder`)."""
+        return str(self.recorded_folder("target"))
 
     @property
     def drafter_folder(self) -> str:
-        return self.manifest["drafter"]["folder"]
+        """The drafter checkpoint folder the manifest records (`recorded_folder`)."""
+        return str(self.recorded_folder("drafter"))
+
+    def recorded_folder(self, scope: str) -> Path:
+        """The checkpoint folder of `scope` ("target", "drafter") that the manifest records: its
+        `folder_relative` against this artifact folder when that exists (artifacts moved together
+        with their checkpoints), else its absolute `folder` (the only entry of manifests written
+        before folder_relative; artifacts moved without their checkpoints). Not checked to exist."""
+        entry = self.manifest[scope]
+        if "folder_relative" in entry:
+            near = self.folder / entry["folder_relative"]
+            if near.is_dir():
+                return near
+        return Path(entry["folder"])
+
+    def checkpoint_folder(self, scope: str, given: str | Path | None = None) -> Path:
+        """The checkpoint folder to bind for `scope` ("target", "drafter"): `given`, or the
+        recorded one (`recorded_folder`).
+
+        Raises:
+            DFlashError: the folder does not exist; the message names the option (--target,
+                --drafter) and, for the recorded folder, the manifest fields it came from.
+        """
+        if given:
+            if not Path(given).is_dir():
+                raise DFlashError(f"{scope} checkpoint folder {given} (--{scope}) does not exist; pass the folder "
+                                  f"that holds the {scope}'s config.json and safetensors")
+            return Path(given)
+        folder = self.recorded_folder(scope)
+        if folder.is_dir():
+            return folder
+        entry = self.manifest[scope]
+        where = f"{scope}.folder {entry['folder']}"
+        if "folder_relative" in entry:
+            where = (f"neither {scope}.folder_relative {entry['folder_relative']} (from {self.folder}: "
+                     f"{self.folder / entry['folder_relative']}) nor {where}")
+        raise DFlashError(f"the {scope} checkpoint recorded in {self.folder / 'manifest.json'} does not exist "
+                          f"({where}); pass --{scope} DIR (Engine.load({scope}=DIR)), the checkpoint folder it was "
+                          "compiled from")
 
     @property
     def eos_token_ids(self) -> list[int]:
@@ -116,12 +155,17 @@ class Artifacts:
     def bind(self, device, target: str | None = None, drafter: str | None = None):
         """Load the module on `device` with both checkpoints bound; returns a CompiledPair.
 
+        Args:
+            target, drafter: checkpoint folders; default the ones the manifest records
+                (`checkpoint_folder`).
+
         Raises:
-            DFlashError: listing every missing or mismatched parameter of both checkpoints.
+            DFlashError: a checkpoint folder that does not exist (naming --target / --drafter), or
+                listing every missing or mismatched parameter of both checkpoints.
         """
         import iree.runtime as rt
 
-        target, drafter = target or self.target_folder, drafter or self.drafter_folder
+        target, drafter = self.checkpoint_folder("target", target), self.checkpoint_folder("drafter", drafter)
         problems = self.check_checkpoint("target", target) + self.check_checkpoint("drafter", drafter)
         if problems:
             raise DFlashError(f"the checkpoints do not fit {self.folder}/manifest.json:\n" + "\n".join(problems))

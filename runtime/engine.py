@@ -115,20 +115,22 @@ class Engine:
 
         Args:
             artifacts: a folder written by `dflash-iree compile` (manifest.json + .vmfb).
-            target, drafter: checkpoint folders; default the ones recorded in the manifest.
+            target, drafter: checkpoint folders; default the ones recorded in the manifest (relative
+                to the artifact folder when the checkpoints were moved along with it, else the
+                absolute folder; Artifacts.recorded_folder).
             device: an IREE device name ("local-task", "cuda", "cuda://1", "hip"); default the
                 arch's own ("local-task" for host, "cuda" for sm_*, "hip" for gfx*).
 
         Raises:
-            DFlashError: a missing or corrupt artifact, a device that cannot run the arch, or a
-                checkpoint whose keys, shapes or dtypes differ from what the module needs.
+            DFlashError: a missing or corrupt artifact, a device that cannot run the arch, a
+                checkpoint folder that does not exist, or a checkpoint whose keys, shapes or dtypes
+                differ from what the module needs.
         """
         arts = Artifacts.load(artifacts)
         dev = open_device(arts, device)
         module = arts.bind(dev, target, drafter)
-        folder = target or arts.target_folder
         try:
-            codec = TextCodec(folder)
+            codec = TextCodec(arts.checkpoint_folder("target", target))
         except DFlashError:
             codec = None  # token-id prompts still work
         return cls(arts, module, codec)

@@ -181,6 +181,9 @@ def test_manifest(host_cli, target_dir, drafter_dir):
     assert "--iree-llvmcpu-target-cpu=host" in m["flags"]
     assert m["target"]["folder"] == str(Path(target_dir).resolve())
     assert m["drafter"]["folder"] == str(Path(drafter_dir).resolve())
+    for scope, folder in (("target", target_dir), ("drafter", drafter_dir)):  # found again when moved together
+        assert not Path(m[scope]["folder_relative"]).is_absolute()
+        assert (host_cli / m[scope]["folder_relative"]).resolve() == Path(folder).resolve()
     assert len(m["target"]["config_hash"]) == 64 and m["drafter"]["raw_config"]["block_size"] == 8
     assert (m["block_size"], m["max_context"], m["dtype"], m["streams"]) == (8, CONTEXT, "f32", 1)
     names = [e["name"] for e in m["entry_points"]]

@@ -5,9 +5,11 @@ draft top-K (`draft_top_k`)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +22,7 @@ from dflash_iree.errors import DFlashError
 from dflash_iree.export.load import load_pair
 from dflash_iree.export.reference import generate_plain
 from dflash_iree.kernels.reference import score
+from dflash_iree.runtime.artifacts import Artifacts
 from dflash_iree.runtime.engine import Engine
 from dflash_iree.runtime.module import Staging
 
@@ -257,6 +260,37 @@ def test_arch_device_mismatch_refused(host_artifacts, tmp_path):
     (arts / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(DFlashError, match="compiled for sm_89, which runs on the 'cuda' driver, not on 'hip'"):
         Engine.load(arts, device="hip")
+
+
+def test_checkpoints_found_after_moving_with_the_artifacts(engine, host_artifacts, target_dir, drafter_dir, tmp_path):
+    """Artifacts copied elsewhere together with their checkpoints (the same layout) load without
+    target/drafter through the manifest's folder_relative, the absolute folders gone; a manifest
+    with absolute folders only (written before folder_relative) still loads; a recorded folder
+    found nowhere is refused naming the manifest fields and --target; so is a missing --target."""
+    common = Path(os.path.commonpath([host_artifacts, target_dir, drafter_dir]))
+    for folder in (host_artifacts, target_dir, drafter_dir):
+        shutil.copytree(folder, tmp_path / folder.relative_to(common))
+    moved = tmp_path / host_artifacts.relative_to(common)
+    m = json.loads((moved / "manifest.json").read_text())
+    for scope in ("target", "drafter"):
+        m[scope]["folder"] = str(tmp_path / "gone" / scope)
+    (moved / "manifest.json").write_text(json.dumps(m))
+    arts = Artifacts.load(moved)
+    assert arts.checkpoint_folder("target").resolve() == (tmp_path / target_dir.relative_to(common)).resolve()
+    assert arts.checkpoint_folder("drafter").resolve() == (tmp_path / drafter_dir.relative_to(common)).resolve()
+    assert Engine.load(moved).generate(PROMPTS[0], 12).tokens == engine.generate(PROMPTS[0], 12).tokens
+
+    old = {**m, "target": {**m["target"], "folder": str(target_dir)}}
+    del old["target"]["folder_relative"]
+    assert Artifacts(moved, old).checkpoint_folder("target") == Path(target_dir)
+
+    shutil.rmtree(tmp_path / target_dir.relative_to(common))
+    with pytest.raises(DFlashError, match=r"the target checkpoint recorded in .*manifest\.json does not exist "
+                                          r"\(neither target\.folder_relative \.\./.* nor target\.folder .*gone/target\); "
+                                          r"pass --target DIR"):
+        Engine.load(moved)
+    with pytest.raises(DFlashError, match=r"target checkpoint folder .*nowhere \(--target\) does not exist"):
+        Engine.load(moved, target=str(tmp_path / "nowhere"))
 
 
 def test_checkpoint_mismatch_lists_every_key(host_artifacts, target_dir, tmp_path):
