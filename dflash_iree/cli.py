@@ -99,8 +99,27 @@ def _load_engine(args):
     return Engine.load(args.artifacts, args.target, args.drafter, args.device)
 
 
+def _summary(g) -> str:
+    """One line of what a generation did (a GenerationResult), for stderr: new tokens, τ and rounds
+    when drafted, tok/s after the first token, the first token's ms and the rest's."""
+    how = f"tau {g.tau_mean:.2f} over {len(g.accepted)} rounds" if g.block_size > 1 else "plain decoding"
+    return (f"[{len(g.tokens)} tokens, {how}, {g.decode_tok_s:.1f} tok/s; first token {g.ttft_ms:.1f} ms, "
+            f"then {g.decode_s * 1e3:.1f} ms]")
+
+
+def _print_stream(pieces):
+    """Print an Engine.stream's text pieces as they come; returns its GenerationResult."""
+    while True:
+        try:
+            piece = next(pieces)
+        except StopIteration as done:
+            return done.value
+        print(piece, end="", flush=True)
+
+
 def cmd_generate(args) -> int:
-    """Generate with compiled artifacts; prints the text, or tokens and stats with --json."""
+    """Generate with compiled artifacts; prints the text (token ids without a tokenizer) and a
+    summary line on stderr (not with --quiet), or tokens and stats with --json."""
     engine = _load_engine(args)
     if args.prompt_ids:
         prompt = _encode_prompt("", None, args.prompt_ids)
@@ -125,10 +144,11 @@ def cmd_generate(args) -> int:
             for i, (ids, lps) in enumerate(zip(top.ids, top.logprobs)):
                 pairs = "  ".join(f"{t}:{lp:.3f}" for t, lp in zip(ids, lps))
                 print(f"round {r} draft {i}: {pairs}", file=sys.stderr)
-        return 0
-    for piece in engine.stream(prompt, **kw):
-        print(piece, end="", flush=True)
-    print()
+    else:
+        g = _print_stream(engine.stream(prompt, **kw))
+        print("" if g.text is not None else " ".join(map(str, g.tokens)))  # nothing streamed without a tokenizer
+    if not args.quiet:
+        print(_summary(g), file=sys.stderr)
     return 0
 
 
@@ -208,6 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also return the drafter's K best ids and log-probs at every drafted position, per round "
                         "(1..the artifacts' compiled K; printed to stderr, or under \"draft_top_k\" with --json)")
     g.add_argument("--json", action="store_true", help="print tokens, text and stats as JSON")
+    g.add_argument("--quiet", action="store_true", help="no summary line (tokens, τ, tok/s, ms) on stderr after the text")
     g.set_defaults(func=cmd_generate)
 
     b = sub.add_parser("bench", help="plain against drafted on a prompt file, alternated A B A B")

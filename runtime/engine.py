@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numbers
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -226,11 +226,14 @@ class Engine:
                                 fused_round, stream=False))
         return pieces[-1]
 
-    def stream(self, prompt, **kwargs) -> Iterator[str]:
-        """Yield text pieces as tokens are committed (same arguments as `generate`)."""
+    def stream(self, prompt, **kwargs) -> Generator[str, None, GenerationResult]:
+        """Yield text pieces as tokens are committed (same arguments as `generate`; nothing without
+        a tokenizer). The generator's return value is the GenerationResult (`StopIteration.value`,
+        or `result = yield from engine.stream(...)`); its times include the consumer's between pieces."""
         for piece in self._run(prompt, stream=True, **{**_GEN_DEFAULTS, **kwargs}):
-            if isinstance(piece, str):
-                yield piece
+            if not isinstance(piece, str):
+                return piece
+            yield piece
 
     def _run(self, prompt, max_new_tokens=128, temperature=0.0, top_k=0, top_p=1.0, seed=0, speculative=True,
              num_speculative_tokens=None, stop=None, draft_top_k=0, exact=False, enable_thinking=False,
