@@ -23,6 +23,18 @@ FORMAT_VERSION = 2
 NUMPY_DTYPES = {"f32": "float32", "f16": "float16", "i64": "int64", "i32": "int32", "i8": "int8"}
 
 
+def numpy_dtype(name: str):
+    """The numpy dtype of a manifest dtype name ("bf16": ml_dtypes.bfloat16, which comes with
+    iree-base-runtime; numpy has none)."""
+    import numpy as np
+
+    if name == "bf16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(NUMPY_DTYPES[name])
+
+
 def arch_driver(arch: str) -> str:
     """The IREE driver an arch runs on: local-task (host CPU), cuda (sm_*), hip (gfx*)."""
     if arch == "host" or arch.startswith("cpu"):
@@ -185,25 +197,24 @@ class Artifacts:
                 a missing key fails when the module loads.
 
         Returns:
-            A CompiledPair.
+            A CompiledPair, whose `fn` calls check the buffers they write against the manifest
+            (module.py EntryCall).
         """
         import iree.runtime as rt
-        import ml_dtypes  # numpy has no bfloat16; ml_dtypes comes with iree-base-runtime
-        import numpy as np
 
-        from .module import CompiledPair
+        from .module import CompiledPair, EntryCall
 
         instance = rt.VmInstance()
         providers = [indexes[scope].create_provider(scope=scope) for scope in ("target", "drafter")]
         vm_module = rt.VmModule.mmap(instance, str(self.vmfb))
         context = rt.VmContext(instance, modules=[rt.create_hal_module(instance, device),
                                                   rt.create_io_parameters_module(instance, *providers), vm_module])
-        functions = {e["name"]: rt.FunctionInvoker(context, device, vm_module.lookup_function(e["name"]))
+        functions = {e["name"]: EntryCall(rt.FunctionInvoker(context, device, vm_module.lookup_function(e["name"])), e)
                      for e in self.manifest["entry_points"]}
         shapes = self.manifest["shapes"]
-        dtype = ml_dtypes.bfloat16 if self.manifest["dtype"] == "bf16" else NUMPY_DTYPES[self.manifest["dtype"]]
-        pair = CompiledPair(device, functions, self.block_size, shapes["kv_page"], shapes["tap_width"], np.dtype(dtype),
-                            context, vm_module, int(self.manifest.get("draft_top_k", 0)))
+        pair = CompiledPair(device, functions, self.block_size, shapes["kv_page"], shapes["tap_width"],
+                            numpy_dtype(self.manifest["dtype"]), context, vm_module,
+                            int(self.manifest.get("draft_top_k", 0)))
         pair._keep = (instance, context, vm_module)  # the functions need these alive
         return pair
 

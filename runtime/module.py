@@ -27,10 +27,13 @@ queued with the previous step's output buffer as its token and a fence on that s
 from __future__ import annotations
 
 from collections.abc import Iterator
+from operator import is_
 
 import numpy as np
 
 from dflash_iree.errors import DFlashError
+
+from .artifacts import numpy_dtype
 
 
 class Staging:
@@ -98,12 +101,64 @@ class Staging:
         return out
 
 
+class EntryCall:
+    """An entry point of a loaded module: its iree.runtime.FunctionInvoker, called the same way,
+    which first checks the buffers the call writes (its last arguments, the manifest's `writes`)
+    against the manifest's signature, where IREE would fail inside `hal.buffer.assert` without
+    naming the argument, or (a buffer larger than needed) not at all. The checked buffers are
+    remembered, so a call with the same ones again costs an identity compare.
+
+    Args:
+        invoker: the iree.runtime.FunctionInvoker.
+        entry: the entry point's manifest entry (`name`, `args` with name, shape, dtype; `writes`).
+    """
+
+    def __init__(self, invoker, entry: dict):
+        import iree.runtime as rt
+
+        self.name, self._invoke, self._device_array = entry["name"], invoker, rt.DeviceArray
+        self._names = [a["name"] for a in entry["args"]]
+        self._first = len(self._names) - len(entry.get("writes", []))  # the written arguments come last
+        self._writes = [(a["name"], tuple(a["shape"]), numpy_dtype(a["dtype"])) for a in entry["args"][self._first:]]
+        self._checked: tuple = ()
+
+    def __call__(self, *args):
+        """Call the entry point with `args` (its arguments in manifest order); returns its results.
+
+        Raises:
+            DFlashError: not as many arguments as the entry point takes, or a written argument that
+                is not a device array of the manifest's shape and dtype (naming the entry point, the
+                argument, expected and got).
+        """
+        outs = args[self._first:]
+        if len(args) != len(self._names) or len(outs) != len(self._checked) or not all(map(is_, outs, self._checked)):
+            self._check(args)
+            self._checked = outs
+        return self._invoke(*args)
+
+    def _check(self, args: tuple) -> None:
+        if len(args) != len(self._names):
+            raise DFlashError(f"entry point {self.name}: {len(args)} arguments passed, it takes {len(self._names)}: "
+                              f"{', '.join(self._names)} (the last {len(self._writes)} written by the call, the "
+                              "manifest's 'writes')")
+        for a, (name, shape, dtype) in zip(args[self._first:], self._writes):
+            where = f"entry point {self.name}, argument '{name}' (written by the call, manifest 'writes')"
+            if not isinstance(a, self._device_array):
+                raise DFlashError(f"{where}: got a {type(a).__name__}; pass a device array, e.g. "
+                                  f"iree.runtime.asdevicearray(device, np.zeros({shape}, np.{dtype})), and read it "
+                                  "after the call: anything else is copied in and what the call writes is lost")
+            got = tuple(a.shape)
+            fits = len(got) == len(shape) and all(isinstance(w, str) or w == g for w, g in zip(shape, got))
+            if a.dtype != dtype or not fits:
+                raise DFlashError(f"{where}: expected {dtype} {list(shape)}, got {a.dtype} {list(got)}")
+
+
 class CompiledPair:
     """Calls into a loaded module for stream 0.
 
     Args:
         device: the iree.runtime HalDevice.
-        functions: entry-point name -> iree.runtime.FunctionInvoker.
+        functions: entry-point name -> EntryCall (or an iree.runtime.FunctionInvoker, unchecked).
         block_size, kv_page, tap_width: from the manifest.
         tap_dtype: numpy dtype of the taps (for the zero rows passed to the first `draft`).
         context, vm_module: the iree.runtime VmContext and VmModule behind `functions`, for the

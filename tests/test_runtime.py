@@ -234,6 +234,33 @@ def test_staging_reuses_pinned_buffers(engine):
     assert st.value(out).dtype == np.int32 and st.value(out).shape == (1, 3)
 
 
+def test_written_arguments_checked_against_the_manifest(engine):
+    """An entry point called through the runtime (CompiledPair.fn) refuses a written buffer of the
+    wrong dtype or shape, a numpy array in its place, and a wrong argument count, naming the entry
+    point, the argument, expected and got (IREE fails in hal.buffer.assert without the name, and
+    takes a larger buffer silently); a right buffer is written as by the runtime's own call."""
+    import iree.runtime as rt
+
+    m = engine.module
+    m.set_sampling(0.0, 0, 1.0, 0)
+    P = len(PROMPTS[0])
+    first, _ = m.prefill(PROMPTS[0])
+    args = (m._i64([[first]]), m._i64([P]), m._pages(P + 1))
+    for out, match in [
+        (m._out(1, 1, dtype=np.int32), r"^entry point decode, argument 'chosen' \(written by the call, manifest "
+                                       r"'writes'\): expected int64 \[1, 1\], got int32 \[1, 1\]$"),
+        (m._out(1, 2), r"argument 'chosen' .*: expected int64 \[1, 1\], got int64 \[1, 2\]$"),
+        (np.zeros((1, 1), np.int64), r"argument 'chosen' .*: got a ndarray; pass a device array"),
+    ]:
+        with pytest.raises(DFlashError, match=match):
+            m.fn["decode"](*args, out)
+    with pytest.raises(DFlashError, match=r"entry point decode: 3 arguments passed, it takes 4: tokens, start, pages, chosen"):
+        m.fn["decode"](*args)
+    out = rt.asdevicearray(m.device, np.zeros((1, 1), np.int64))
+    m.fn["decode"](*args, out)
+    assert out.to_host()[0, 0] == m.decode(first, P)
+
+
 def test_num_speculative_tokens(engine):
     gen = engine.generate(PROMPTS[0], 30, num_speculative_tokens=3)
     assert gen.block_size == 4 and gen.tokens == engine.generate(PROMPTS[0], 30, speculative=False).tokens
