@@ -4,7 +4,7 @@
     PYTHONPATH=. python bench/norm_rope_check.py run --json OUT # on the GPU machine (iree.runtime + torch)
 
 Each case (the Qwen3-8B q and k shapes of decode and verify, a dynamic token count, tiny float32,
-float16) runs the kernel on seeded inputs (cos, sin of real positions) and compares it with
+float16; q and k in one dispatch, each output checked) runs the kernel on seeded inputs (cos, sin of real positions) and compares it with
 export/qwen3.py's `apply_rope(rms_norm(x, w, eps), cos, sin)` in eager PyTorch on the CPU: the
 share of bit-equal elements and the largest distance in units in the last place of the dtype. The
 two sum the squares in different orders, so the f32 scale may round differently and move the
@@ -24,16 +24,19 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / ".gpu" / "norm_rope"
-# (S, T, H, head_dim, dtype, eps); T None: a dynamic token count, run with DYNAMIC_T tokens.
+# (S, T, H, head_dim, dtype, eps[, Hk]); T None: a dynamic token count, run with DYNAMIC_T tokens;
+# Hk: q (H heads) and k (Hk heads) in one dispatch (dflash_norm_rope2), each output checked.
 CASES = [(1, 1, 32, 128, "bf16", 1e-6), (1, 1, 8, 128, "bf16", 1e-6), (1, 16, 32, 128, "bf16", 1e-6),
          (1, 16, 8, 128, "bf16", 1e-6), (1, None, 8, 128, "bf16", 1e-6), (1, 8, 4, 16, "f32", 1e-6),
-         (1, 5, 4, 64, "f16", 1e-5)]
+         (1, 5, 4, 64, "f16", 1e-5), (1, 1, 32, 128, "bf16", 1e-6, 8), (1, 16, 32, 128, "bf16", 1e-6, 8),
+         (1, None, 32, 128, "bf16", 1e-6, 8), (2, 8, 4, 16, "f32", 1e-6, 2)]
 DYNAMIC_T = 37
 
 
 def _name(case) -> str:
-    S, T, H, D, dtype, _ = case
-    return f"{S}x{'D' if T is None else T}x{H}x{D}_{dtype}"
+    S, T, H, D, dtype = case[:5]
+    heads = f"{H}" if len(case) < 7 else f"{H}_{case[6]}"
+    return f"{S}x{'D' if T is None else T}x{heads}x{D}_{dtype}"
 
 
 def prepare(arch: str) -> None:
@@ -46,26 +49,28 @@ def prepare(arch: str) -> None:
     WORK.mkdir(parents=True, exist_ok=True)
     flags = compile_flags(resolve_arch(arch)[0])
     for case in CASES:
-        d = norm_rope_dispatch(*case, arch)
+        d = norm_rope_dispatch(*case[:6], arch, Hk=case[6] if len(case) > 6 else None)
         ic.compile_str(standalone_module(d), extra_args=flags + d.flags, output_file=str(WORK / f"{_name(case)}.vmfb"))
     (WORK / "cases.json").write_text(json.dumps({"arch": arch, "cases": CASES}) + "\n")
 
 
 def _inputs(case, seed: int):
-    """x [S, T, H, D], w [D], cos, sin [S, T, D] in the case's dtype (torch, CPU)."""
+    """[(x [S, T, H, D], w [D]), and for a pair (k [S, T, Hk, D], wk [D])], cos, sin [S, T, D] in the
+    case's dtype (torch, CPU)."""
     import torch
 
     from dflash_iree.export.qwen3 import rope_tables
 
-    S, T, H, D, dtype, _ = case
+    S, T, H, D, dtype = case[:5]
     T = DYNAMIC_T if T is None else T
     dt = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[dtype]
     g = torch.Generator().manual_seed(seed)
-    x = (torch.randn(S, T, H, D, generator=g) * 3).to(dt)
-    w = (1 + 0.3 * torch.randn(D, generator=g)).to(dt)
+    heads = [H] + list(case[6:])
+    xs = [((torch.randn(S, T, h, D, generator=g) * 3).to(dt), (1 + 0.3 * torch.randn(D, generator=g)).to(dt))
+          for h in heads]
     positions = torch.randint(0, 4096, (S, T), generator=g)
     cos, sin = rope_tables(positions, D, 1e6, dt)
-    return x, w, cos, sin
+    return xs, cos, sin
 
 
 def _ordered(t):
@@ -98,22 +103,25 @@ def run(out_json: str) -> dict:
         fn = rt.FunctionInvoker(ctx, device, vm.lookup_function("norm_rope"))
         row = {"case": _name(case), "elements": 0, "bit_equal": 0, "max_ulp": 0, "outside_bound": 0}
         for seed in range(4):
-            x, w, cos, sin = _inputs(case, seed)
-            y = rms_norm(x, w, case[5])
-            want = apply_rope(y, cos, sin)
-            half = y.shape[-1] // 2
-            swapped = torch.cat([y[..., half:], y[..., :half]], -1).float()
-            bound = 4 * torch.finfo(y.dtype).eps * (y.float().abs() * cos[:, :, None].float().abs()
-                                                     + swapped.abs() * sin[:, :, None].float().abs())
+            xs, cos, sin = _inputs(case, seed)
             host = [t.view({2: torch.int16, 4: torch.int32}[t.element_size()]).numpy().view(np_dtype[case[4]])
-                    for t in (x, w, cos, sin)]
-            got_np = np.asarray(fn(*[rt.asdevicearray(device, h) for h in host]).to_host())
-            got = torch.from_numpy(got_np.view({2: np.int16, 4: np.int32}[got_np.itemsize]).copy()).view(want.dtype)
-            ulp = (_ordered(got) - _ordered(want)).abs()
-            row["elements"] += ulp.numel()
-            row["bit_equal"] += int((ulp == 0).sum())
-            row["max_ulp"] = max(row["max_ulp"], int(ulp.max()))
-            row["outside_bound"] += int(((ulp > 1) & ((got.float() - want.float()).abs() > bound)).sum())
+                    for t in [v for xw in xs for v in xw] + [cos, sin]]
+            outs = fn(*[rt.asdevicearray(device, h) for h in host])
+            outs = outs if isinstance(outs, (tuple, list)) else [outs]
+            for (x, w), out in zip(xs, outs):
+                y = rms_norm(x, w, case[5])
+                want = apply_rope(y, cos, sin)
+                half = y.shape[-1] // 2
+                swapped = torch.cat([y[..., half:], y[..., :half]], -1).float()
+                bound = 4 * torch.finfo(y.dtype).eps * (y.float().abs() * cos[:, :, None].float().abs()
+                                                         + swapped.abs() * sin[:, :, None].float().abs())
+                got_np = np.asarray(out.to_host())
+                got = torch.from_numpy(got_np.view({2: np.int16, 4: np.int32}[got_np.itemsize]).copy()).view(want.dtype)
+                ulp = (_ordered(got) - _ordered(want)).abs()
+                row["elements"] += ulp.numel()
+                row["bit_equal"] += int((ulp == 0).sum())
+                row["max_ulp"] = max(row["max_ulp"], int(ulp.max()))
+                row["outside_bound"] += int(((ulp > 1) & ((got.float() - want.float()).abs() > bound)).sum())
         row["ok"] = row["outside_bound"] == 0
         result["cases"].append(row)
         print(row, flush=True)

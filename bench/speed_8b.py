@@ -58,13 +58,14 @@ def artifact_dir(arch: str, block: int, variant: str = "") -> Path:
 
 
 # What `prepare --without` can leave out, for a variant measured beside the full build.
-WITHOUT = ("epilogues", "token-major")
+WITHOUT = ("epilogues", "token-major", "norm-rope-pairs")
 
 
 def prepare(arch: str, blocks: list[int], variant: str = "", without: tuple[str, ...] = ()) -> None:
     """Compile the 8B pair as `make compile` does (max_context 4096) for `arch` at each block size into
     .gpu/ (git-ignored; carry it). WITHOUT (with a VARIANT name): "epilogues", the GEMM dispatches
-    without their epilogues; "token-major", the block attention in its head-major layout."""
+    without their epilogues; "token-major", the block attention in its head-major layout;
+    "norm-rope-pairs", q's and k's norm + rope as two dispatches."""
     import functools
 
     from dflash_iree.export import splice
@@ -73,6 +74,8 @@ def prepare(arch: str, blocks: list[int], variant: str = "", without: tuple[str,
     splices = dict(splice.SPLICES)
     if "epilogues" in without:
         splices["gemm"] = functools.partial(splice.splice_gemm, epilogues=False)
+    if "norm-rope-pairs" in without:
+        splices["norm_rope"] = functools.partial(splice.splice_norm_rope, pairs=False)
     if "token-major" in without:
         splices["attention"] = functools.partial(splice.splice_attention, token_major=False)
     name = resolve_arch(arch)[0].name

@@ -46,7 +46,8 @@ The splices:
 - `splice_norm_rope` (every GPU arch): `torch.operator "torch.dflash.head_norm_rope"(x [S, T, H, hd],
   weight [hd], cos, sin [S, T, hd], eps)` (the custom op of export/ops.py, exported by the GPU form
   only) -> the head norm + rope dispatch of kernels/norm_rope.py, one per shape, dtype and eps, named
-  `dflash_norm_rope_{S}x{T}x{H}x{hd}_{dtype}_{eps bits}` (T "D" when dynamic).
+  `dflash_norm_rope_{S}x{T}x{H}x{hd}_{dtype}_{eps bits}` (T "D" when dynamic); a layer's q and k
+  ops (the same cos and sin) as one dispatch, `..._{S}x{T}x{Hq}_{Hk}x{hd}_...`.
 
 A custom op left after the splices (a `splices` dict without its splice) is refused by `splice_file`.
 
@@ -165,7 +166,7 @@ def find_ops(module, name: str, custom: str | None = None) -> list:
 
 
 def replace_with_call(op, callee: str, operands: Iterable | None = None,
-                      result_types: Sequence[str] | None = None):
+                      result_types: Sequence[str] | None = None, at_last: bool = False):
     """Replace OP (or a list of ops, in block order) by one `util.call @callee(operands)` and return
     the call op.
 
@@ -179,6 +180,8 @@ def replace_with_call(op, callee: str, operands: Iterable | None = None,
             value is passed through `torch_c.to_builtin_tensor`; any other value as it is (it must
             be defined before the first op).
         result_types: the callee's result types as text (default: `builtin_type` of the results).
+        at_last: the call stands where the last op stood instead (its operands may be defined between
+            the ops; the caller makes sure no use of an earlier op's results comes before it).
 
     The call's results go through `torch_c.from_builtin_tensor` back to the ops' result types, the
     ops' uses take them, and the ops are erased (the constants they alone used are left to the
@@ -193,12 +196,13 @@ def replace_with_call(op, callee: str, operands: Iterable | None = None,
 
     ops = [o.operation for o in (op if isinstance(op, list) else [op])]
     first = ops[0]
+    where = ops[-1] if at_last else first
     operands = list(first.operands if operands is None else operands)
     results = [r for o in ops for r in o.results]
     result_types = [builtin_type(r.type) for r in results] if result_types is None else list(result_types)
     if len(result_types) != len(results):
         raise DFlashError(f"splice: {callee} returns {len(result_types)} results where {first.name} has {len(results)}")
-    with first.context, first.location, ir.InsertionPoint(first):
+    with first.context, where.location, ir.InsertionPoint(where):
         args = []
         for v in operands:
             if str(v.type).startswith("!torch.vtensor"):
@@ -671,13 +675,57 @@ def splice_attention(module, arch: str, min_rows: int = ATTENTION_MIN_ROWS,
 NORM_ROPE_OP = "torch.dflash.head_norm_rope"  # the custom op of export/ops.py
 
 
-def splice_norm_rope(module, arch: str) -> list[str] | None:
+def _parse_norm_rope(op):
+    """(S, T, H, hd, dtype, eps) of a head norm + rope op; T None when dynamic. Raises DFlashError."""
+    x, weight, cos, sin, eps = op.operands
+    dims = builtin_type(x.type)[len("tensor<"):-1].split("x")
+    if len(dims) != 5 or "?" in (dims[0], dims[2], dims[3]):
+        raise DFlashError(f"splice: {NORM_ROPE_OP} takes x [S, T, H, hd] with static S, H, hd, got {x.type}")
+    return int(dims[0]), None if dims[1] == "?" else int(dims[1]), int(dims[2]), int(dims[3]), dims[4], constant_float(eps)
+
+
+def _norm_rope_pairs(ops) -> list[list]:
+    """The ops in runs of one or two: two when they stand in one block, take the same cos and sin
+    (a layer's q and k: the same positions) and the same S, T, hd, dtype and eps, with nothing between
+    them that uses the first one's result but its shape annotations (moved after the second), so that
+    one call where the second stood can take both."""
+    order: dict = {}
+    runs, left = [], list(ops)
+    while left:
+        a = left.pop(0)
+        block = a.operation.block
+        if block not in order:
+            order[block] = {o.operation: i for i, o in enumerate(block.operations)}
+        pos = order[block]
+        shape = _parse_norm_rope(a)
+        b = next((o for o in left if o.operation.block == block and o.operands[2] == a.operands[2]
+                  and o.operands[3] == a.operands[3]), None)
+        if b is not None:
+            sa, sb = shape, _parse_norm_rope(b)
+            fits = (sa[:2] + sa[3:]) == (sb[:2] + sb[3:])
+            at = pos[b.operation]
+            early = [getattr(u.owner, "operation", u.owner) for r in a.results for u in r.uses]
+            early = [o for o in early if pos.get(o, -1) < at]
+            if fits and all(o.name == "torch.bind_symbolic_shape" for o in early):
+                for o in early:  # a shape annotation of q's result (dynamic T) follows the call
+                    o.move_after(b.operation)
+                left.remove(b)
+                runs.append([a, b])
+                continue
+        runs.append([a])
+    return runs
+
+
+def splice_norm_rope(module, arch: str, pairs: bool = True) -> list[str] | None:
     """Replace every `torch.dflash.head_norm_rope` op (x [S, T, H, hd], weight [hd], cos, sin [S, T, hd],
     eps) with the head norm + rope dispatch for ARCH (kernels/norm_rope.py), one function per shape,
     dtype and eps, named `dflash_norm_rope_{S}x{T}x{H}x{hd}_{dtype}_{eps bits}` (T: "D" when dynamic).
+    With PAIRS (the default), a layer's q and k ops (`_norm_rope_pairs`: the same position tables)
+    become one dispatch, `dflash_norm_rope_{S}x{T}x{H}_{Hk}x{hd}_{dtype}_{eps bits}`, one launch
+    less a layer and step.
 
-    Records (S, T, H, head_dim, dtype, count) per shape in `last_report()["norm_rope"]`. Returns the
-    flags the dispatch needs, or None when there was no such op.
+    Records (S, T, H, head_dim, dtype, count) per shape in `last_report()["norm_rope"]` (H a list
+    [H, Hk] for a pair). Returns the flags the dispatch needs, or None when there was no such op.
 
     Raises:
         DFlashError: operands of another rank or of mixed dtypes, eps not a constant, or what
@@ -691,26 +739,24 @@ def splice_norm_rope(module, arch: str) -> list[str] | None:
         return None
     flags: list[str] = []
     counts: dict[tuple, int] = {}
-    for op in ops:
-        x, weight, cos, sin, eps = op.operands
-        dims = builtin_type(x.type)[len("tensor<"):-1].split("x")
-        if len(dims) != 5 or "?" in (dims[0], dims[2], dims[3]):
-            raise DFlashError(f"splice: {NORM_ROPE_OP} takes x [S, T, H, hd] with static S, H, hd, got {x.type}")
-        S, H, D, dtype = int(dims[0]), int(dims[2]), int(dims[3]), dims[4]
-        T = None if dims[1] == "?" else int(dims[1])
-        e = constant_float(eps)
-        name = f"dflash_norm_rope_{S}x{'D' if T is None else T}x{H}x{D}_{dtype}_{f32_bits(e):08x}"
-        d = norm_rope_dispatch(S, T, H, D, dtype, e, arch, name=name)
-        got = [builtin_type(v.type) for v in (x, weight, cos, sin)]
-        if got != list(d.types[:2]) + [d.types[2]] * 2:
+    for run in _norm_rope_pairs(ops) if pairs else [[op] for op in ops]:
+        S, T, H, D, dtype, e = _parse_norm_rope(run[0])
+        Hk = _parse_norm_rope(run[1])[2] if len(run) == 2 else None
+        heads = f"{H}" if Hk is None else f"{H}_{Hk}"
+        name = f"dflash_norm_rope_{S}x{'D' if T is None else T}x{heads}x{D}_{dtype}_{f32_bits(e):08x}"
+        d = norm_rope_dispatch(S, T, H, D, dtype, e, arch, name=name, Hk=Hk)
+        operands = [v for op in run for v in op.operands[:2]] + list(run[0].operands[2:4])
+        got = [builtin_type(v.type) for v in operands]
+        if got != d.operand_types:
             raise DFlashError(f"splice: {NORM_ROPE_OP} operands {', '.join(got)} are not x [S, T, H, hd], "
                               f"weight [hd], cos and sin [S, T, hd] of one dtype")
         add_functions(module, d.mlir)
-        replace_with_call(op, d.func, [x, weight, cos, sin])
+        replace_with_call(run, d.func, operands, d.result_types, at_last=True)
         flags += [f for f in d.flags if f not in flags]
-        key = (S, T, H, D, dtype)
+        key = (S, T, H if Hk is None else (H, Hk), D, dtype)
         counts[key] = counts.get(key, 0) + 1
-    _REPORT["norm_rope"] = [{"S": S, "T": T, "H": H, "head_dim": D, "dtype": dt, "ops": c}
+    _REPORT["norm_rope"] = [{"S": S, "T": T, "H": H if isinstance(H, int) else list(H), "head_dim": D, "dtype": dt,
+                             "ops": c}
                             for (S, T, H, D, dt), c in sorted(counts.items(), key=lambda kv: str(kv[0]))]
     return flags
 

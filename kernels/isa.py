@@ -17,7 +17,7 @@ KERNELS = ("dflash_topk_partial", "dflash_topk_merge")
 GEMM_KERNELS = tuple(f"dflash_{e}_mt{mt}" for e in ("gemm", "gemm2", "gemm3", "gemm_res", "swiglu") for mt in (1, 2, 3, 4)) + (
     "dflash_gemm_reduce",)
 ATTENTION_KERNELS = ("dflash_attention",)
-NORM_ROPE_KERNELS = ("dflash_norm_rope",)
+NORM_ROPE_KERNELS = ("dflash_norm_rope", "dflash_norm_rope2")
 
 
 def kernels_of(name: str) -> tuple[str, ...]:

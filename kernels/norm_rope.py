@@ -9,13 +9,18 @@ bound to the committed object (norm_rope_gpu.cu built for `arch`) and
 which is `apply_rope(rms_norm(x, w, eps), cos, sin)` of export/qwen3.py, the eager op's roundings
 included (norm_rope_body.h). T may be None: a dynamic token count (prefill, absorb). Under IREE's
 own lowering the same ops take five dispatches (a cast, the sum of squares, the scaling, the
-weight, the rope), each one launch on the host's critical path in decode. GPU archs only; the host
-CPU keeps IREE's lowering. No IREE import here: this module only writes text.
+weight, the rope), each one launch on the host's critical path in decode. With `Hk`, one dispatch
+does a layer's q and k (`dflash_norm_rope2`, the same arithmetic per head):
+
+    util.func private @{name}(%q: tensor<S x T x H x D>, %wq, %k: tensor<S x T x Hk x D>, %wk, %cos, %sin)
+        -> (tensor<S x T x H x D>, tensor<S x T x Hk x D>)
+
+GPU archs only; the host CPU keeps IREE's lowering. No IREE import here: this module only writes text.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from dflash_iree.errors import DFlashError
@@ -48,6 +53,7 @@ class NormRopeDispatch:
     mlir: str
     flags: list[str] = field(default_factory=list)
     objects: list[Path] = field(default_factory=list)
+    Hk: int | None = None  # k's heads when the dispatch does q and k together
 
     @property
     def func(self) -> str:
@@ -58,6 +64,18 @@ class NormRopeDispatch:
     def types(self) -> tuple[str, str, str]:
         """The builtin types of x (and the result), of the weight, and of cos / sin."""
         return _types(self.S, self.T, self.H, self.D, self.dtype)
+
+    @property
+    def operand_types(self) -> list[str]:
+        """The function's operand types in order: x, w (q then k with Hk), cos, sin."""
+        x_t, w_t, c_t = self.types
+        k = [] if self.Hk is None else [_types(self.S, self.T, self.Hk, self.D, self.dtype)[0], w_t]
+        return [x_t, w_t, *k, c_t, c_t]
+
+    @property
+    def result_types(self) -> list[str]:
+        """The function's result types: x's, then k's with Hk."""
+        return [self.types[0]] + ([] if self.Hk is None else [_types(self.S, self.T, self.Hk, self.D, self.dtype)[0]])
 
 
 def _types(S: int, T: int | None, H: int, D: int, dtype: str) -> tuple[str, str, str]:
@@ -71,11 +89,14 @@ def object_file(arch: str) -> Path:
 
 
 def norm_rope_dispatch(S: int, T: int | None, H: int, D: int, dtype: str, eps: float, arch: str, *,
-                       name: str = "dflash_norm_rope") -> NormRopeDispatch:
-    """Builds the spliceable head norm + rope of x [S, T, H, D] on ARCH (sm_80/86/89, gfx1030/1100/1151/1201).
+                       name: str = "dflash_norm_rope", Hk: int | None = None) -> NormRopeDispatch:
+    """Builds the spliceable head norm + rope of x [S, T, H, hd] on ARCH (sm_80/86/89, gfx1030/1100/1151/1201).
 
     T: the token count, or None when it is dynamic. dtype: 'f32', 'bf16' or 'f16' (x, the weight,
-    cos, sin and the result alike). eps: the RMSNorm epsilon. name: symbol prefix.
+    cos, sin and the result alike). eps: the RMSNorm epsilon. name: symbol prefix. Hk: with it, the
+    function also takes k [S, T, Hk, hd] and its weight after x's, and returns both (module
+    docstring): q and k of a layer share eps, head_dim and the position tables, and one dispatch is
+    one launch less in every layer of every step.
     Raises DFlashError for an arch without the kernel, an odd head_dim, another dtype, or a missing object.
     """
     obj = object_file(arch)
@@ -85,27 +106,49 @@ def norm_rope_dispatch(S: int, T: int | None, H: int, D: int, dtype: str, eps: f
         raise DFlashError(f"head norm + rope: dtype {dtype} is not one of {', '.join(DTYPES)}")
     if not obj.is_file():
         raise DFlashError(f"{obj} is missing: run `make kernels` to build the kernel objects")
-    x_t, w_t, c_t = _types(S, T, H, D, dtype)
+    d = NormRopeDispatch(S=S, T=T, H=H, D=D, dtype=dtype, eps=eps, arch=arch, name=name, mlir="",
+                         flags=[f"--iree-hal-executable-object-search-path={OBJECTS_DIR}"], objects=[obj], Hk=Hk)
+    heads = H + (Hk or 0)
     dyn = "{%t}" if T is None else ""
-    consts = {"H": H, "D": D, "dt": DTYPES[dtype], "eps": f32_bits(eps, signed=True)}
-    rows = (f"    %c1 = arith.constant 1 : index\n    %t = tensor.dim %x, %c1 : {x_t}\n"
-            f"    %sh = arith.constant {S * H} : index\n    %n = arith.muli %t, %sh : index\n"
-            if T is None else f"    %n = arith.constant {S * T * H} : index\n")
-    text = executable_source(f"{name}_exe", "dflash_norm_rope", arch, obj.name, pipeline_layout(4, 4, 5), THREADS, 1)
-    text += (f"util.func private @{name}(%x: {x_t}, %w: {w_t}, %cos: {c_t}, %sin: {c_t}) -> {x_t} {{\n"
+    consts = {"H": H, **({} if Hk is None else {"Hk": Hk}), "D": D, "dt": DTYPES[dtype],
+              "eps": f32_bits(eps, signed=True)}
+    if T is None:
+        rows = (f"    %c1 = arith.constant 1 : index\n    %t = tensor.dim %x, %c1 : {d.types[0]}\n"
+                f"    %sh = arith.constant {S * heads} : index\n    %n = arith.muli %t, %sh : index\n")
+        if Hk is not None:  # the workgroups that take q's heads: rows * H
+            rows += (f"    %sq = arith.constant {S * H} : index\n    %nq = arith.muli %t, %sq : index\n"
+                     "    %cnq = arith.index_cast %nq : index to i32\n")
+    else:
+        rows = f"    %n = arith.constant {S * T * heads} : index\n"
+        if Hk is not None:
+            rows += f"    %cnq = arith.constant {S * T * H} : i32\n"
+    pair = Hk is not None
+    entry = "dflash_norm_rope2" if pair else "dflash_norm_rope"
+    args = ["x", "w", *(["k", "wk"] if pair else []), "cos", "sin"]
+    dynamic = ["x", *(["k"] if pair else []), "cos", "sin"]  # operands with the token dimension
+    pushed = (["%cnq"] if pair else []) + [f"%c{k}" for k in consts]
+    ins, outs = d.operand_types, d.result_types
+    text = executable_source(f"{name}_exe", entry, arch, obj.name,
+                             pipeline_layout(len(pushed), len(ins), len(ins) + len(outs)), THREADS, 1)
+    operand_types = ", ".join(["i32"] * len(pushed) + [t + (dyn if a in dynamic else "") for a, t in zip(args, ins)])
+    result_types = ", ".join(t + dyn for t in outs)
+    text += (f"util.func private @{name}({', '.join(f'%{a}: {t}' for a, t in zip(args, ins))})"
+             f" -> ({', '.join(outs)}) {{\n"
              + "".join(f"    %c{k} = arith.constant {v} : i32\n" for k, v in consts.items())
              + rows
-             + f"    %y = flow.dispatch @{name}_exe::@dflash_norm_rope[%n](%cH, %cD, %cdt, %ceps, %x, %w, %cos, %sin)"
-             f" : (i32, i32, i32, i32, {x_t}{dyn}, {w_t}, {c_t}{dyn}, {c_t}{dyn}) -> {x_t}{dyn}\n"
-             f"    util.return %y : {x_t}\n}}\n")
-    return NormRopeDispatch(S=S, T=T, H=H, D=D, dtype=dtype, eps=eps, arch=arch, name=name, mlir=text,
-                            flags=[f"--iree-hal-executable-object-search-path={OBJECTS_DIR}"], objects=[obj])
+             + f"    %y:{len(outs)} = flow.dispatch @{name}_exe::@{entry}[%n]({', '.join(pushed + ['%' + a for a in args])})"
+             f" : ({operand_types}) -> ({result_types})\n"
+             f"    util.return {', '.join(f'%y#{i}' for i in range(len(outs)))} : {', '.join(outs)}\n}}\n")
+    return replace(d, mlir=text)
 
 
 def standalone_module(d: NormRopeDispatch) -> str:
-    """A whole module around D with a public `norm_rope(x, w, cos, sin) -> out` (checks)."""
-    x_t, w_t, c_t = d.types
+    """A whole module around D with a public `norm_rope(x, w, cos, sin) -> out` (with Hk:
+    `norm_rope(q, wq, k, wk, cos, sin) -> (q out, k out)`), for the checks."""
+    ins, outs = d.operand_types, d.result_types
+    params = ", ".join(f"%a{i}: {t}" for i, t in enumerate(ins))
     return (f"module @norm_rope_check {{\n{d.mlir}"
-            f"util.func public @norm_rope(%x: {x_t}, %w: {w_t}, %cos: {c_t}, %sin: {c_t}) -> {x_t} {{\n"
-            f"    %y = util.call @{d.func}(%x, %w, %cos, %sin) : ({x_t}, {w_t}, {c_t}, {c_t}) -> {x_t}\n"
-            f"    util.return %y : {x_t}\n}}\n}}\n")
+            f"util.func public @norm_rope({params}) -> ({', '.join(outs)}) {{\n"
+            f"    %y:{len(outs)} = util.call @{d.func}({', '.join(f'%a{i}' for i in range(len(ins)))})"
+            f" : ({', '.join(ins)}) -> ({', '.join(outs)})\n"
+            f"    util.return {', '.join(f'%y#{i}' for i in range(len(outs)))} : {', '.join(outs)}\n}}\n}}\n")

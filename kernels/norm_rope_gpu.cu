@@ -4,6 +4,11 @@
  *
  *   dflash_norm_rope(x[rows*H*D], weight[D], cos[rows*D], sin[rows*D], out[rows*H*D], H, D, dtype, bits of eps)
  *       grid (rows * H, 1, 1); NR_T threads; dtype 0 f32, 1 bf16, 2 f16 (every tensor has it).
+ *
+ *   dflash_norm_rope2(xq[rows*Hq*D], wq[D], xk[rows*Hk*D], wk[D], cos[rows*D], sin[rows*D],
+ *                     outq[rows*Hq*D], outk[rows*Hk*D], rows * Hq, Hq, Hk, D, dtype, bits of eps)
+ *       q and k of one layer (one position table) in one grid (rows * (Hq + Hk), 1, 1): the first
+ *       rows * Hq workgroups take q's heads, the rest k's; each head as dflash_norm_rope computes it.
  */
 #include "gpu.h"
 #include "norm_rope_body.h"
@@ -14,4 +19,18 @@ dflash_norm_rope(const void* __restrict__ x, const void* __restrict__ w, const v
   union { int i; float f; } e;
   e.i = eps_bits;
   nr_workgroup(x, w, cs, sn, out, H, D, dtype, e.f, KG_WG_X(), KG_TID());
+}
+
+extern "C" __global__ void KG_LAUNCH(NR_T)
+dflash_norm_rope2(const void* __restrict__ xq, const void* __restrict__ wq, const void* __restrict__ xk,
+                  const void* __restrict__ wk, const void* __restrict__ cs, const void* __restrict__ sn,
+                  void* __restrict__ outq, void* __restrict__ outk, int q_groups, int Hq, int Hk, int D, int dtype,
+                  int eps_bits) {
+  union { int i; float f; } e;
+  e.i = eps_bits;
+  const int wg = KG_WG_X();
+  if (wg < q_groups)
+    nr_workgroup(xq, wq, cs, sn, outq, Hq, D, dtype, e.f, wg, KG_TID());
+  else
+    nr_workgroup(xk, wk, cs, sn, outk, Hk, D, dtype, e.f, wg - q_groups, KG_TID());
 }

@@ -33,6 +33,10 @@ def test_mlir():
     assert static.types == ("tensor<1x16x32x128xbf16>", "tensor<128xbf16>", "tensor<1x16x128xbf16>")
     dynamic = norm_rope_dispatch(2, None, 8, 64, "f32", 1e-5, "gfx1151", name="nr")
     assert "tensor<2x?x8x64xf32>{%t}" in dynamic.mlir and "%sh = arith.constant 16 : index" in dynamic.mlir
+    pair = norm_rope_dispatch(1, None, 32, 128, "bf16", 1e-6, "sm_80", name="nr", Hk=8)
+    assert "@nr_exe::@dflash_norm_rope2[%n](%cnq," in pair.mlir and "%sh = arith.constant 40 : index" in pair.mlir
+    assert "%sq = arith.constant 32 : index" in pair.mlir  # q's workgroups: the first rows * 32
+    assert pair.result_types == ["tensor<1x?x32x128xbf16>", "tensor<1x?x8x128xbf16>"]
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "gfx1151", "gfx1030"])
@@ -42,8 +46,9 @@ def test_compiles_for_gpu_targets(arch):
 
     flags = [f for f in compile_flags(resolve_arch(arch)[0]) if "opt-level" not in f]
     for args in [(1, 16, 32, 128, "bf16"), (1, None, 8, 128, "f16"), (2, 3, 4, 16, "f32")]:
-        d = norm_rope_dispatch(*args, 1e-6, arch)
-        assert len(ic.compile_str(standalone_module(d), extra_args=flags + d.flags)) > 10000
+        for Hk in (None, 2):
+            d = norm_rope_dispatch(*args, 1e-6, arch, Hk=Hk)
+            assert len(ic.compile_str(standalone_module(d), extra_args=flags + d.flags)) > 10000
 
 
 def _module(attention: str):
@@ -60,6 +65,30 @@ def _module(attention: str):
 
         def forward(self, x, cos, sin):
             return norm_rope(self.norm, x, cos, sin, attention)
+
+    return M().eval()
+
+
+def _pair_module(use_q_first: bool):
+    """q [1, T, H, HD] and k [1, T, 2, HD] through their own norms and one position table, as a layer's
+    query and key; with USE_Q_FIRST, q's result is used before k's op (the pair cannot be one call there)."""
+    import torch
+
+    from dflash_iree.export.qwen3 import RMSNorm, norm_rope
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q_norm, self.k_norm = RMSNorm(HD, 1e-6), RMSNorm(HD, 1e-6)
+            with torch.no_grad():
+                self.q_norm.weight.copy_(torch.linspace(0.5, 1.5, HD))
+                self.k_norm.weight.copy_(torch.linspace(1.5, 0.5, HD))
+
+        def forward(self, q, k, cos, sin):
+            q = norm_rope(self.q_norm, q, cos, sin, "fused")
+            if use_q_first:
+                k = k + q[:, :, :2]
+            return q, norm_rope(self.k_norm, k, cos, sin, "fused")
 
     return M().eval()
 
@@ -118,6 +147,39 @@ def test_splice_takes_the_op(exported, tmp_path):
     text = str(splice.load(out))
     assert splice.NORM_ROPE_OP not in text and text.count("util.call @dflash_norm_rope_1xDx4x16_f32_358637bd") == 1
     assert splice.last_report() == {"norm_rope": [{"S": 1, "T": None, "H": H, "head_dim": HD, "dtype": "f32", "ops": 1}]}
+    extra = [f for f in compile_flags(resolve_arch("sm_80")[0]) if "opt-level" not in f]
+    assert len(ic.compile_file(str(out), extra_args=extra + flags)) > 10000
+
+
+@pytest.mark.parametrize("case", ["static", "dynamic", "q used first"])
+def test_splice_pairs_q_and_k(tmp_path, case):
+    """A layer's q and k ops (the same cos and sin) become one dispatch, `dflash_norm_rope2`, whose call
+    stands where k's op stood, with a dynamic token count too (q's shape annotation moves after it);
+    when q's result is used before k's op (the planted control), each keeps its own dispatch. The
+    spliced module compiles for sm_80."""
+    torch = pytest.importorskip("torch")
+    aot = pytest.importorskip("iree.turbine.aot")
+    ic = pytest.importorskip("iree.compiler")
+    from dflash_iree.export import splice
+    from dflash_iree.export.compile import compile_flags, resolve_arch
+
+    use_q_first = case == "q used first"
+    x, cos, sin = _inputs()
+    T = torch.export.Dim("T", min=1, max=64) if case == "dynamic" else None
+    dynamic = {n: {1: T} for n in ("q", "k", "cos", "sin")} if T else None
+    aot.export(_pair_module(use_q_first), args=(x, x[:, :, :2].clone(), cos, sin),
+               dynamic_shapes=dynamic).save_mlir(tmp_path / "m.mlir")
+    out, flags = splice.splice_file(tmp_path / "m.mlir", tmp_path / "s.mlirbc", "sm_80",
+                                    {"norm_rope": splice.splice_norm_rope})
+    text = str(splice.load(out))
+    report = splice.last_report()["norm_rope"]
+    if use_q_first:
+        assert "dflash_norm_rope2" not in text and sorted(r["H"] for r in report) == [2, H]
+    else:
+        T = None if case == "dynamic" else 3
+        assert text.count(f"util.call @dflash_norm_rope_1x{T or 'D'}x4_2x16_f32_358637bd") == 1
+        assert "@dflash_norm_rope2" in text
+        assert report == [{"S": 1, "T": T, "H": [H, 2], "head_dim": HD, "dtype": "f32", "ops": 1}]
     extra = [f for f in compile_flags(resolve_arch("sm_80")[0]) if "opt-level" not in f]
     assert len(ic.compile_file(str(out), extra_args=extra + flags)) > 10000
 
