@@ -58,22 +58,24 @@ def artifact_dir(arch: str, block: int, variant: str = "") -> Path:
 
 
 # What `prepare --without` can leave out, for a variant measured beside the full build.
-WITHOUT = ("epilogues", "token-major", "norm-rope-pairs")
+WITHOUT = ("epilogues", "token-major", "decode-qkv", "norm-rope-pairs")
 
 
 def prepare(arch: str, blocks: list[int], variant: str = "", without: tuple[str, ...] = ()) -> None:
     """Compile the 8B pair as `make compile` does (max_context 4096) for `arch` at each block size into
     .gpu/ (git-ignored; carry it). WITHOUT (with a VARIANT name): "epilogues", the GEMM dispatches
-    without their epilogues; "token-major", the block attention in its head-major layout;
-    "norm-rope-pairs", q's and k's norm + rope as two dispatches."""
+    without their epilogues; "token-major", the block attention in its head-major layout; "decode-qkv",
+    decode's q, k and v as IREE's three matvecs; "norm-rope-pairs", q's and k's norm + rope as two
+    dispatches."""
     import functools
 
     from dflash_iree.export import splice
     from dflash_iree.export.compile import compile_artifacts, resolve_arch
 
     splices = dict(splice.SPLICES)
-    if "epilogues" in without:
-        splices["gemm"] = functools.partial(splice.splice_gemm, epilogues=False)
+    if {"epilogues", "decode-qkv"} & set(without):
+        splices["gemm"] = functools.partial(splice.splice_gemm, epilogues="epilogues" not in without,
+                                            decode_qkv="decode-qkv" not in without)
     if "norm-rope-pairs" in without:
         splices["norm_rope"] = functools.partial(splice.splice_norm_rope, pairs=False)
     if "token-major" in without:

@@ -35,7 +35,8 @@ The splices:
   2 <= M <= 64 -> the skinny-GEMM dispatch of kernels/gemm.py, `gemm_dispatch(M, N, K, arch)`, one
   per shape, named `dflash_gemm_{M}x{N}x{K}`, reading W in place (the transpose goes). The mms of
   one x (views of one value: a layer's q, k and v; gate and up) become one grouped dispatch,
-  `gemm_dispatch(M, (N0, N1[, N2]), K, arch)`, named `dflash_gemm_{M}x{N0}_{N1}[_{N2}]x{K}`.
+  `gemm_dispatch(M, (N0, N1[, N2]), K, arch)`, named `dflash_gemm_{M}x{N0}_{N1}[_{N2}]x{K}`. At
+  M = 1 (decode) only such a group of three (a layer's q, k and v) is taken; the rest stays IREE's.
 
 - `splice_attention` (CUDA and gfx archs): `torch.aten.scaled_dot_product_attention` of a verify
   block (bf16 q [S, Hkv, R, hd], ATTENTION_MIN_ROWS <= R <= 64) whose keys and values are one layer's
@@ -291,12 +292,15 @@ def splice_topk(module, arch: str) -> list[str] | None:
     return flags
 
 
-# M = 1 (decode) keeps IREE's own matvec: in IREE on the H200 it ran the 8B layer at 0.63 of the copy
-# bandwidth against 0.51 for the custom dispatch (bench/results/gemm_h200.json). The exact mode decodes
-# plainly through the verify graph (M = block), which does take the dispatch, so drafted == plain holds.
-# Grouping at M = 1 too was measured and is not done: 8B decode ran 36 fewer dispatches but 0.5 ms
-# more kernel time (the grouped gate+up 60 us against IREE's 2 x 25, which also fuses the SiLU
-# product into the up matvec) and was no faster (bench/results/speed_8b_h200_groups_ab.json).
+# M = 1 (decode) keeps IREE's own matvec for a lone weight and for gate + up: in IREE on the H200 it
+# ran the 8B layer at 0.63 of the copy bandwidth against 0.51 for the custom dispatch
+# (bench/results/gemm_h200.json), and grouping gate + up at M = 1 cost 0.5 ms more kernel time a step
+# (the grouped gate+up 60 us against IREE's 2 x 25, which also fuses the SiLU product into the up
+# matvec; bench/results/speed_8b_h200_groups_ab.json, `dec`). A layer's q, k and v (a run of three)
+# do take the grouped dispatch at M = 1: its kernel time is about IREE's three matvecs' (0.67 against
+# 0.64 ms a decode step there) and it is two launches fewer a layer. The exact mode decodes plainly
+# through the verify graph (M = block), which takes the dispatch, so drafted == plain holds.
+GEMM_M1_RUN = 3
 GEMM_MIN_M = 2
 # Below this a weight's bytes take under a microsecond at the H200's bandwidth, less than the few µs
 # a custom dispatch costs in IREE, and IREE's own matmul fuses with its neighbours: on the demo pair
@@ -417,11 +421,12 @@ def _epilogue(mms: list):
 
 
 def splice_gemm(module, arch: str, min_weight_bytes: int = GEMM_MIN_WEIGHT_BYTES,
-                epilogues: bool = True) -> list[str] | None:
+                epilogues: bool = True, decode_qkv: bool = True) -> list[str] | None:
     """Replace the `torch.aten.mm(x, transpose(W))`s of bf16 weight globals W with the skinny GEMM,
     the mms of one x together (up to 3: a layer's q, k and v projections; gate and up) in one dispatch.
 
-    Taken: x [M, K] bf16 with a static GEMM_MIN_M <= M <= 64, W a `util.global.load` of an immutable
+    Taken: x [M, K] bf16 with a static GEMM_MIN_M <= M <= 64 (at M = 1, with DECODE_QKV, only a run of
+    GEMM_M1_RUN weights without an epilogue: a layer's q, k and v), W a `util.global.load` of an immutable
     [N, K] bf16 global of at least `min_weight_bytes` bytes, the result [M, N] bf16, and a shape the
     kernel takes on ARCH (kernels/gemm.py `why_unsupported`); every other mm is left to IREE. Mms
     in one block whose x are views of the same value with the same type form a group (a layer's q,
@@ -455,7 +460,7 @@ def splice_gemm(module, arch: str, min_weight_bytes: int = GEMM_MIN_WEIGHT_BYTES
         if not m or not n or int(m[2]) != int(n[2]):
             continue
         M, K, N = int(m[1]), int(m[2]), int(n[1])
-        if M < GEMM_MIN_M or 2 * N * K < min_weight_bytes or yt != f"tensor<{M}x{N}xbf16>" or why_unsupported(M, N, K, arch):
+        if 2 * N * K < min_weight_bytes or yt != f"tensor<{M}x{N}xbf16>" or why_unsupported(M, N, K, arch):
             continue
         groups.setdefault((_rows_of(x), xt, op.operation.block), []).append((op, w, N))
     if not groups:
@@ -471,6 +476,8 @@ def splice_gemm(module, arch: str, min_weight_bytes: int = GEMM_MIN_WEIGHT_BYTES
             M, K = static_shape(x.type)
             name = f"dflash_gemm_{M}x{'_'.join(map(str, Ns))}x{K}"
             epi = _epilogue(ops) if epilogues else None
+            if M < GEMM_MIN_M and (not decode_qkv or len(run) != GEMM_M1_RUN or epi is not None):
+                continue
             if epi is None:
                 d = gemm_dispatch(M, Ns, K, arch, name=name)
                 add_functions(module, d.mlir)
@@ -490,6 +497,8 @@ def splice_gemm(module, arch: str, min_weight_bytes: int = GEMM_MIN_WEIGHT_BYTES
             counts[key] = counts.get(key, 0) + 1
             splits[key] = d.plan.splits
             flags += [f for f in d.flags if f not in flags]
+    if not counts:
+        return None
     _REPORT["gemm"] = [{"M": M, "N": Ns[0] if len(Ns) == 1 else list(Ns), "K": K, "ops": c, "mms": c * len(Ns),
                         "splits": splits[(M, Ns, K, e)], **({"epilogue": e} if e else {})}
                        for (M, Ns, K, e), c in sorted(counts.items(), key=lambda kv: (kv[0][:3], kv[0][3] or ""))]
