@@ -296,9 +296,10 @@ def splice_topk(module, arch: str) -> list[str] | None:
 # ran the 8B layer at 0.63 of the copy bandwidth against 0.51 for the custom dispatch
 # (bench/results/gemm_h200.json), and grouping gate + up at M = 1 cost 0.5 ms more kernel time a step
 # (the grouped gate+up 60 us against IREE's 2 x 25, which also fuses the SiLU product into the up
-# matvec; bench/results/speed_8b_h200_groups_ab.json, `dec`). A layer's q, k and v (a run of three)
-# do take the grouped dispatch at M = 1: its kernel time is about IREE's three matvecs' (0.67 against
-# 0.64 ms a decode step there) and it is two launches fewer a layer. The exact mode decodes plainly
+# matvec; bench/results/speed_8b_h200_groups_ab.json, `dec`). A layer's q, k and v (a group of
+# exactly three) do take the grouped dispatch at M = 1: its kernel time is about IREE's three
+# matvecs' (0.655 against 0.621 ms a decode step, bench/results/speed_8b_h200_pairs.json) and it is
+# two launches fewer a layer. The exact mode decodes plainly
 # through the verify graph (M = block), which takes the dispatch, so drafted == plain holds.
 GEMM_M1_RUN = 3
 GEMM_MIN_M = 2
@@ -425,8 +426,8 @@ def splice_gemm(module, arch: str, min_weight_bytes: int = GEMM_MIN_WEIGHT_BYTES
     """Replace the `torch.aten.mm(x, transpose(W))`s of bf16 weight globals W with the skinny GEMM,
     the mms of one x together (up to 3: a layer's q, k and v projections; gate and up) in one dispatch.
 
-    Taken: x [M, K] bf16 with a static GEMM_MIN_M <= M <= 64 (at M = 1, with DECODE_QKV, only a run of
-    GEMM_M1_RUN weights without an epilogue: a layer's q, k and v), W a `util.global.load` of an immutable
+    Taken: x [M, K] bf16 with a static GEMM_MIN_M <= M <= 64 (at M = 1, with DECODE_QKV, only a group of
+    exactly GEMM_M1_RUN weights without an epilogue: a layer's q, k and v), W a `util.global.load` of an immutable
     [N, K] bf16 global of at least `min_weight_bytes` bytes, the result [M, N] bf16, and a shape the
     kernel takes on ARCH (kernels/gemm.py `why_unsupported`); every other mm is left to IREE. Mms
     in one block whose x are views of the same value with the same type form a group (a layer's q,
@@ -476,7 +477,7 @@ def splice_gemm(module, arch: str, min_weight_bytes: int = GEMM_MIN_WEIGHT_BYTES
             M, K = static_shape(x.type)
             name = f"dflash_gemm_{M}x{'_'.join(map(str, Ns))}x{K}"
             epi = _epilogue(ops) if epilogues else None
-            if M < GEMM_MIN_M and (not decode_qkv or len(run) != GEMM_M1_RUN or epi is not None):
+            if M < GEMM_MIN_M and (not decode_qkv or len(members) != GEMM_M1_RUN or epi is not None):
                 continue
             if epi is None:
                 d = gemm_dispatch(M, Ns, K, arch, name=name)
@@ -696,8 +697,13 @@ def _parse_norm_rope(op):
 def _norm_rope_pairs(ops) -> list[list]:
     """The ops in runs of one or two: two when they stand in one block, take the same cos and sin
     (a layer's q and k: the same positions) and the same S, T, hd, dtype and eps, with nothing between
-    them that uses the first one's result but its shape annotations (moved after the second), so that
-    one call where the second stood can take both."""
+    them that uses the first one's result but its shape annotations, so that one call where the
+    second stood can take both. Moves those annotations after the second op, in the module.
+    The positions are read once per block: only annotations of a paired op move, and none is read again.
+
+    Raises:
+        DFlashError: an op whose x is not [S, T, H, hd] with static S, H, hd, or whose eps is not a constant.
+    """
     order: dict = {}
     runs, left = [], list(ops)
     while left:
@@ -714,7 +720,7 @@ def _norm_rope_pairs(ops) -> list[list]:
             fits = (sa[:2] + sa[3:]) == (sb[:2] + sb[3:])
             at = pos[b.operation]
             early = [getattr(u.owner, "operation", u.owner) for r in a.results for u in r.uses]
-            early = [o for o in early if pos.get(o, -1) < at]
+            early = [o for o in early if pos.get(o, -1) <= at]  # b itself taking a's result: no pair
             if fits and all(o.name == "torch.bind_symbolic_shape" for o in early):
                 for o in early:  # a shape annotation of q's result (dynamic T) follows the call
                     o.move_after(b.operation)
