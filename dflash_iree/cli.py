@@ -104,7 +104,7 @@ def _summary(g) -> str:
     when drafted, tok/s after the first token, the first token's ms and the rest's."""
     how = f"tau {g.tau_mean:.2f} over {len(g.accepted)} rounds" if g.block_size > 1 else "plain decoding"
     return (f"[{len(g.tokens)} tokens, {how}, {g.decode_tok_s:.1f} tok/s; first token {g.ttft_ms:.1f} ms, "
-            f"then {g.decode_s * 1e3:.1f} ms]")
+            f"then {len(g.tokens) - 1} tokens in {g.decode_s * 1e3:.1f} ms]")
 
 
 def _print_stream(pieces):

@@ -177,10 +177,19 @@ class Artifacts:
         """
         import iree.runtime as rt
 
-        target, drafter = self.checkpoint_folder("target", target), self.checkpoint_folder("drafter", drafter)
+        folders, missing = {}, []
+        for scope, given in (("target", target), ("drafter", drafter)):
+            try:
+                folders[scope] = self.checkpoint_folder(scope, given)
+            except DFlashError as e:  # both missing folders in one message, not one per try
+                missing.append(str(e))
+        if missing:
+            raise DFlashError("\n".join(missing))
+        target, drafter = folders["target"], folders["drafter"]
         problems = self.check_checkpoint("target", target) + self.check_checkpoint("drafter", drafter)
         if problems:
-            raise DFlashError(f"the checkpoints do not fit {self.folder}/manifest.json:\n" + "\n".join(problems))
+            raise DFlashError(f"the checkpoints do not fit {self.folder}/manifest.json:\n" + _problem_lines(problems)
+                              + _swapped_hint(self, target, drafter))
         indexes = {}
         for scope, folder in (("target", target), ("drafter", drafter)):
             indexes[scope] = rt.ParameterIndex()
@@ -238,3 +247,19 @@ def open_device(arts: Artifacts, name: str | None = None):
         return rt.get_device(name)
     except Exception as e:  # the bindings raise ValueError / RuntimeError with driver messages
         raise DFlashError(f"cannot open IREE device '{name}': {e}") from None
+
+
+MAX_PROBLEM_LINES = 12  # a wrong checkpoint mismatches every parameter: the first lines say enough
+
+
+def _problem_lines(problems: list[str]) -> str:
+    shown = problems[:MAX_PROBLEM_LINES]
+    more = len(problems) - len(shown)
+    return "\n".join(shown + ([f"  ... and {more} more"] if more else []))
+
+
+def _swapped_hint(arts: Artifacts, target: Path, drafter: Path) -> str:
+    """A line when the target folder fits the drafter's parameters and the drafter folder the target's."""
+    if arts.check_checkpoint("drafter", target) or arts.check_checkpoint("target", drafter):
+        return ""
+    return "\n  the two folders fit the other way round: --target and --drafter look swapped"

@@ -145,7 +145,7 @@ class EntryCall:
             where = f"entry point {self.name}, argument '{name}' (written by the call, manifest 'writes')"
             if not isinstance(a, self._device_array):
                 raise DFlashError(f"{where}: got a {type(a).__name__}; pass a device array, e.g. "
-                                  f"iree.runtime.asdevicearray(device, <a {dtype} array of shape {list(shape)}>), and read it "
+                                  f"iree.runtime.asdevicearray(device, <{dtype} array of shape {list(shape)}>), and read it "
                                   "after the call: anything else is copied in and what the call writes is lost")
             got = tuple(a.shape)
             fits = len(got) == len(shape) and all(isinstance(w, str) or w == g for w, g in zip(shape, got))

@@ -47,7 +47,7 @@ def test_generate_prints_the_text_then_a_summary_on_stderr(host_artifacts):
     rest's; --quiet leaves stderr empty."""
     common = ["generate", "--artifacts", str(host_artifacts), "--prompt-ids", "7 300 12", "--max-new-tokens", "10"]
     want = json.loads(dflash(*common, "--json").stdout)["tokens"]
-    ms = r"[\d.]+ tok/s; first token [\d.]+ ms, then [\d.]+ ms\]\n"
+    ms = r"[\d.]+ tok/s; first token [\d.]+ ms, then \d+ tokens in [\d.]+ ms\]\n"
     drafted = r"tau \d\.\d\d over \d+ rounds"
     for extra, how in [((), drafted), (("--no-draft",), "plain decoding"), (("--draft-top-k", "2"), drafted)]:
         r = dflash(*common, *extra)

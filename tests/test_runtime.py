@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -318,6 +319,21 @@ def test_checkpoints_found_after_moving_with_the_artifacts(engine, host_artifact
         Engine.load(moved)
     with pytest.raises(DFlashError, match=r"target checkpoint folder .*nowhere \(--target\) does not exist"):
         Engine.load(moved, target=str(tmp_path / "nowhere"))
+    shutil.rmtree(tmp_path / drafter_dir.relative_to(common))
+    with pytest.raises(DFlashError, match=r"(?s)the target checkpoint recorded .*\n.*the drafter checkpoint recorded"):
+        Engine.load(moved)  # both missing folders in one message
+
+
+def test_swapped_checkpoints_are_named(host_artifacts, target_dir, drafter_dir):
+    """Target and drafter passed the wrong way round: the first MAX_PROBLEM_LINES mismatches, a count
+    of the rest, and the hint that the two look swapped."""
+    from dflash_iree.runtime.artifacts import MAX_PROBLEM_LINES
+
+    with pytest.raises(DFlashError) as e:
+        Artifacts.load(host_artifacts).bind(None, target=str(drafter_dir), drafter=str(target_dir))
+    lines = str(e.value).splitlines()
+    assert lines[0].startswith("the checkpoints do not fit") and len(lines) == MAX_PROBLEM_LINES + 3
+    assert re.fullmatch(r"  \.\.\. and \d+ more", lines[-2]) and "look swapped" in lines[-1]
 
 
 def test_checkpoint_mismatch_lists_every_key(host_artifacts, target_dir, tmp_path):
