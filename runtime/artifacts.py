@@ -21,6 +21,8 @@ from dflash_iree.errors import DFlashError
 
 FORMAT_VERSION = 2
 NUMPY_DTYPES = {"f32": "float32", "f16": "float16", "i64": "int64", "i32": "int32", "i8": "int8"}
+MAX_PROBLEM_LINES = 12  # a wrong checkpoint mismatches every parameter: the first lines say enough
+DTYPE_HINT = "  the checkpoint holds"  # check_checkpoint's closing line when only dtypes differ
 
 
 def numpy_dtype(name: str):
@@ -161,7 +163,7 @@ class Artifacts:
                 problems.append(f"  {scope} {key}: expected dtype {want['dtype']}, found {info.dtype} in {info.file.name}")
         if problems and only_dtype:
             found = {i.dtype for i in index.values()}
-            problems.append(f"  the checkpoint holds {'/'.join(sorted(found))}: recompile with --dtype {sorted(found)[0]}")
+            problems.append(f"{DTYPE_HINT} {'/'.join(sorted(found))}: recompile with --dtype {sorted(found)[0]}")
         return problems
 
     def bind(self, device, target: str | None = None, drafter: str | None = None):
@@ -249,13 +251,13 @@ def open_device(arts: Artifacts, name: str | None = None):
         raise DFlashError(f"cannot open IREE device '{name}': {e}") from None
 
 
-MAX_PROBLEM_LINES = 12  # a wrong checkpoint mismatches every parameter: the first lines say enough
-
-
 def _problem_lines(problems: list[str]) -> str:
-    shown = problems[:MAX_PROBLEM_LINES]
-    more = len(problems) - len(shown)
-    return "\n".join(shown + ([f"  ... and {more} more"] if more else []))
+    """`check_checkpoint`'s lines: the first MAX_PROBLEM_LINES of the per-parameter ones, a count of
+    the rest, then its closing hints (the dtype to recompile with) whole."""
+    hints = [p for p in problems if p.startswith(DTYPE_HINT)]
+    params = [p for p in problems if not p.startswith(DTYPE_HINT)]
+    more = len(params) - MAX_PROBLEM_LINES
+    return "\n".join(params[:MAX_PROBLEM_LINES] + ([f"  ... and {more} more"] if more > 0 else []) + hints)
 
 
 def _swapped_hint(arts: Artifacts, target: Path, drafter: Path) -> str:
