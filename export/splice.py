@@ -712,11 +712,10 @@ def _norm_rope_pairs(ops) -> list[list]:
         if block not in order:
             order[block] = {o.operation: i for i, o in enumerate(block.operations)}
         pos = order[block]
-        shape = _parse_norm_rope(a)
         b = next((o for o in left if o.operation.block == block and o.operands[2] == a.operands[2]
                   and o.operands[3] == a.operands[3]), None)
         if b is not None:
-            sa, sb = shape, _parse_norm_rope(b)
+            sa, sb = _parse_norm_rope(a), _parse_norm_rope(b)
             fits = (sa[:2] + sa[3:]) == (sb[:2] + sb[3:])
             at = pos[b.operation]
             early = [getattr(u.owner, "operation", u.owner) for r in a.results for u in r.uses]
