@@ -408,7 +408,8 @@ def lower(p: Plan, arch_name: str, mlir: str | Path, out_dir: str | Path, log=No
         p: the plan `export_mlir` filled.
         arch_name: an ARCH name or alias.
         mlir: the exported module.
-        out_dir: destination folder; an existing one is replaced only if it holds a manifest.json.
+        out_dir: destination folder; an existing one is replaced only if it holds nothing but a
+            manifest.json and the files it lists (DFlashError otherwise, before anything is written).
         record: compile host for the fixed record CPU (RECORD_HOST_FLAGS).
         dump_phases: also write every compilation phase's IR there (the HAL IR is `*.hal.mlir`);
             the module is the same.
@@ -457,12 +458,34 @@ def lower(p: Plan, arch_name: str, mlir: str | Path, out_dir: str | Path, log=No
 
 
 def _check_destination(out: Path) -> None:
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / MANIFEST_FILE).is_file())):
+    """Refuse an `--out` that is not ours to replace: a file, or a folder holding anything but a
+    manifest and the files that manifest lists (the user's notes, results or a second model)."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise DFlashError(f"--out {out} is a file, not an artifact folder; choose another --out")
+    entries = sorted(p.name for p in out.iterdir())
+    if not entries:
+        return
+    if MANIFEST_FILE not in entries:
         raise DFlashError(f"{out} exists and is not an artifact folder (no {MANIFEST_FILE}); choose another --out")
+    try:
+        listed = json.loads((out / MANIFEST_FILE).read_text())["files"]
+        ours = {MANIFEST_FILE, *listed}
+    except (OSError, ValueError, KeyError, TypeError):
+        raise DFlashError(f"{out / MANIFEST_FILE} is unreadable or has no 'files' list, so the folder's files cannot "
+                          f"be told from yours; choose another --out, or empty {out}") from None
+    foreign = [name for name in entries if name not in ours]
+    if foreign:
+        shown = ", ".join(foreign[:8]) + (f" and {len(foreign) - 8} more" if len(foreign) > 8 else "")
+        raise DFlashError(f"{out} holds files that its {MANIFEST_FILE} does not list ({shown}); a compile replaces "
+                          f"the whole folder, so move them out or choose another --out")
 
 
 def _replace(stage: Path, out: Path) -> None:
-    """Move the finished stage folder to `out`, replacing an earlier artifact folder."""
+    """Move the finished stage folder to `out`, replacing an earlier artifact folder (checked again
+    here, just before, so that a file put there during the compile is not lost)."""
+    _check_destination(out)
     if out.exists():
         old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
         old.rmdir()

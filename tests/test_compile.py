@@ -156,6 +156,50 @@ def test_refuses_to_replace_a_folder_that_is_not_an_artifact(capsys, tmp_path, t
     assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
 
 
+def _artifact_folder(out: Path, files: dict, extra: dict[str, str]) -> Path:
+    """An artifact folder as a compile leaves it (a manifest listing `files`), plus the user's `extra`."""
+    out.mkdir()
+    (out / "manifest.json").write_text(json.dumps({"files": files}))
+    for name, text in {**{n: "module" for n in files}, **extra}.items():
+        (out / name).write_text(text)
+    return out
+
+
+def test_refuses_to_replace_an_artifact_folder_holding_the_users_files(capsys, tmp_path, target_dir, drafter_dir):
+    out = _artifact_folder(tmp_path / "art", {"dflash.vmfb": "0" * 64}, {"notes.md": "mine", "results.json": "{}"})
+    before = {p.name: p.read_text() for p in out.iterdir()}
+    rc = main(["compile", "--target", str(target_dir), "--drafter", str(drafter_dir), "--out", str(out),
+               "--max-context", str(CONTEXT)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "does not list (notes.md, results.json)" in err and "--out" in err
+    assert {p.name: p.read_text() for p in out.iterdir()} == before
+
+
+@pytest.mark.parametrize("manifest_text", ["{not json", "{}", '{"files": 3}'])
+def test_refuses_an_artifact_folder_whose_manifest_cannot_list_its_files(tmp_path, manifest_text):
+    out = tmp_path / "art"
+    out.mkdir()
+    (out / "manifest.json").write_text(manifest_text)
+    (out / "dflash.vmfb").write_text("module")
+    with pytest.raises(DFlashError, match=r"manifest.json is unreadable or has no 'files' list"):
+        cc._check_destination(out)
+
+
+def test_a_file_put_into_the_folder_during_the_compile_is_not_lost(tmp_path):
+    out = _artifact_folder(tmp_path / "art", {"dflash.vmfb": "0" * 64}, {})
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    (stage / "manifest.json").write_text(json.dumps({"files": {}}))
+    (out / "late.txt").write_text("mine")  # after the check at the start of the compile
+    with pytest.raises(DFlashError, match="late.txt"):
+        cc._replace(stage, out)
+    assert (out / "late.txt").read_text() == "mine" and (out / "dflash.vmfb").exists()
+    (out / "late.txt").unlink()
+    cc._replace(stage, out)  # only ours: replaced
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json"]
+
+
 def test_aliases():
     assert cc.resolve_arch("strix-halo")[0].name == "gfx1151"
     assert cc.resolve_arch("rx7900xtx")[0].name == "gfx1100"
