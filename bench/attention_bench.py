@@ -3,7 +3,7 @@
     python bench/attention_bench.py prepare [--arch sm_80]        # here: one .vmfb per (variant, rows)
     PYTHONPATH=. python bench/attention_bench.py run --json OUT   # on the GPU machine (iree.runtime + torch)
 
-The H200 profile of the 8B verify step (bench/results/speed_8b_h200_profile.json) put 9 of its
+The H200 profile of the 8B verify step (experiments/2026-11-30-verify-profile/) put 9 of its
 16.5 busy ms in attention: per layer a `matmul_like_16x8x4x128xD` dispatch of 0.21 ms and a softmax
 of 0.05 ms, for 16 query rows over ~540 cached rows (1 MB of K and of V), where decode's whole
 attention costs 0.05 ms a layer. Each module here runs one formulation over all 36 layers of a

@@ -1,7 +1,7 @@
 """Speed of the draft top-K custom dispatch against IREE's argmax and IREE's linalg_ext.topk, on one device.
 
     python bench/topk_bench.py build --arch host --out DIR      # compile every arm (needs iree.compiler)
-    python bench/topk_bench.py run --device local-task --modules DIR --json bench/results/topk_host.json
+    python bench/topk_bench.py run --device local-task --modules DIR --json OUT.json
     python bench/topk_bench.py all --arch host --device local-task --json ...   # both
 
 At logits [15, 151936], K=8, each arm is timed by iree-benchmark-module (the runtime wheel's

@@ -1,6 +1,6 @@
 """The block-attention dispatch (kernels/attention_*): objects, MLIR, refusals, and the splice of the verify
 attention over the KV cache. The kernel runs only on a GPU: parity and speed are bench/attention_bench.py
-on the H200 (bench/results/attention_h200_kernel.json)."""
+on the H200 (experiments/2026-11-30-block-attention/)."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ def _module():
 
 def test_committed_h200_results_derive_the_reported_ratios():
     sb = _module()
-    r = json.loads((ROOT / "bench" / "results" / "speed_8b_h200.json").read_text())
+    r = json.loads((ROOT / "experiments" / "2026-11-30-o3" / "speed_8b_h200.json").read_text())
     stored = r["derived"]
     sb._derive(r)
     assert r["derived"] == stored and r["verify_decode_ratio"] == stored["verify_decode_ratio"]
