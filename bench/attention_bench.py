@@ -1,7 +1,7 @@
 """Attention alone at the Qwen3-8B shapes on a GPU: formulations of export/qwen3.py's `attend`.
 
     python bench/attention_bench.py prepare [--arch sm_80]        # here: one .vmfb per (variant, rows)
-    PYTHONPATH=. python bench/attention_bench.py run --json OUT   # on the GPU machine (iree.runtime + torch)
+    bash bench/on_device.sh python3 bench/attention_bench.py run --json OUT   # on the GPU machine
 
 The H200 profile of the 8B verify step (experiments/2026-11-30-verify-profile/) put 9 of its
 16.5 busy ms in attention: per layer a `matmul_like_16x8x4x128xD` dispatch of 0.21 ms and a softmax

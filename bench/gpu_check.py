@@ -2,7 +2,7 @@
 
     python bench/gpu_check.py prepare --arch sm_89            # here: checkpoints, artifacts, eager tokens
                                     [--every-gemm]            # (the demo's matmuls all take the GEMM splice)
-    PYTHONPATH=. python bench/gpu_check.py run --device cuda --json OUT.json   # on the GPU machine
+    bash bench/on_device.sh python3 bench/gpu_check.py run --device cuda --json OUT.json   # on the GPU machine
     python bench/gpu_check.py report OUT.json                 # here: top-2 margins at divergences, table
 
 `prepare` writes `.gpu/` (git-ignored; carry it to the device): a tiny float32 pair, both pairs

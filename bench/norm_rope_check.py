@@ -1,7 +1,7 @@
 """Bit parity of the head norm + rope dispatch (kernels/norm_rope.py) with the eager PyTorch ops, on a GPU.
 
     python bench/norm_rope_check.py prepare --arch sm_80       # here: standalone modules into .gpu/norm_rope/
-    PYTHONPATH=. python bench/norm_rope_check.py run --json OUT # on the GPU machine (iree.runtime + torch)
+    bash bench/on_device.sh python3 bench/norm_rope_check.py run --json OUT   # on the GPU machine
 
 Each case (the Qwen3-8B q and k shapes of decode and verify, a dynamic token count, tiny float32,
 float16; q and k in one dispatch, each output checked) runs the kernel on seeded inputs (cos, sin of real positions) and compares it with

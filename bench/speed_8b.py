@@ -2,7 +2,7 @@
 
     python bench/speed_8b.py prepare [--arch h200]          # here: compile the 8B pair (block 16, and block 8)
     python bench/speed_8b.py prepare --blocks 8 --variant att --without epilogues   # a variant beside it
-    PYTHONPATH=. python bench/speed_8b.py run --json OUT    # on the GPU machine (iree.runtime + torch with CUDA)
+    bash bench/on_device.sh python3 bench/speed_8b.py run --json OUT   # on the GPU machine (torch with CUDA)
     python bench/speed_8b.py report OUT                     # here: the table of docs/benchmarks.md
 
 The target is tests/fixtures/qwen3-8b (36 layers, hidden 4096, untied, bf16) and the drafter

@@ -1,50 +1,23 @@
-"""Shared pieces of the demo training: importing the modules without an install, the demo
-configs, weight init, the SDPA attention used on the GPU, and safetensors weight files.
+"""Shared pieces of the demo training: the demo configs, weight init, the SDPA attention used on the
+GPU, and safetensors weight files.
 
-Runs both here (CPU, the installed `dflash_iree` package) and on the device, where nothing is
-installed: `ensure_package()` then registers `dflash_iree` from the repo root and maps
-`dflash_iree.export` to the root folder `export/`, as pyproject's package-dir does.
+Runs here (CPU, the repo's `.venv`) and on the device, both with `dflash_iree` installed (on the
+device the wheels of bench/pack_device.py, installed by bench/on_device.sh).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+import torch
+import torch.nn.functional as F
+from torch import nn
 
-
-def ensure_package() -> None:
-    """Make `import dflash_iree.export` work from a bare checkout (the device has no install)."""
-    try:
-        import dflash_iree.export  # noqa: F401
-        return
-    except ImportError:
-        pass
-    sys.path.insert(0, str(REPO))
-    import dflash_iree
-
-    spec = importlib.util.spec_from_file_location(
-        "dflash_iree.export", REPO / "export" / "__init__.py", submodule_search_locations=[str(REPO / "export")]
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["dflash_iree.export"] = module
-    spec.loader.exec_module(module)
-    dflash_iree.export = module
-
-
-ensure_package()
-
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch import nn  # noqa: E402
-
-from dflash_iree.config import DrafterConfig, TargetConfig, load_drafter_config, load_target_config  # noqa: E402
-from dflash_iree.export import qwen3 as qwen3_module  # noqa: E402
+from dflash_iree.config import DrafterConfig, TargetConfig, load_drafter_config, load_target_config
+from dflash_iree.export import qwen3 as qwen3_module
 
 VOCAB_SIZE, EOS_ID, MASK_ID = 8192, 0, 1
 SEQ_LEN = 512  # target training context, also max_position_embeddings

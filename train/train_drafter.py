@@ -29,13 +29,13 @@ from pathlib import Path
 from common import (EOS_ID, TAP_LAYERS, file_metadata, init_weights, load_tensors, param_state, parse_configs,
                     save_sharded, use_sdpa)
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
 
-from dflash_iree.export.dflash import DFlashDrafter  # noqa: E402
-from dflash_iree.export.qwen3 import Qwen3  # noqa: E402
-from drafter_forward import block_logits, block_loss  # noqa: E402
-from train_target import lr_at  # noqa: E402
+from dflash_iree.export.dflash import DFlashDrafter
+from dflash_iree.export.qwen3 import Qwen3
+from drafter_forward import block_logits, block_loss
+from train_target import lr_at
 
 # Position weight exp(-(k-1)/gamma): about the chance that position k is reached at all when
 # each draft is accepted with probability ~0.8 (0.8**(k-1) = exp(-(k-1)/4.5)).

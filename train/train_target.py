@@ -24,10 +24,10 @@ import numpy as np
 from common import (SEQ_LEN, file_metadata, init_weights, load_tensors, param_state, parse_configs,
                     save_sharded, use_sdpa)
 
-import torch  # noqa: E402  (after common: it sets up the package import)
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
-from dflash_iree.export.qwen3 import Qwen3  # noqa: E402
+from dflash_iree.export.qwen3 import Qwen3
 
 
 def load_stream(path: Path, device) -> torch.Tensor:
