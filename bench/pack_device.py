@@ -37,15 +37,13 @@ PLATFORMS = ("manylinux_2_28_x86_64", "manylinux2014_x86_64")
 # In the runtime wheel: the tracy-instrumented copy, and the tools; iree-benchmark-module stays.
 LEAVE_OUT = ("iree/_runtime_libs_tracy/", "iree/_runtime_libs/iree-")
 KEEP = ("iree/_runtime_libs/iree-benchmark-module",)
+# What the dflash_iree wheel is built from (pyproject's packages and readme), copied apart so that
+# nothing left in an in-tree build/ folder can end up in it.
+WHEEL_SOURCES = ("pyproject.toml", "README.md", "dflash_iree", "export", "kernels", "runtime")
 
 
 def _pip(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "pip", *args], check=True)
-
-
-# What the wheel is built from (pyproject's packages and readme), copied apart so that nothing left
-# in an in-tree build/ folder can end up in it.
-WHEEL_SOURCES = ("pyproject.toml", "README.md", "dflash_iree", "export", "kernels", "runtime")
 
 
 def build_wheel(out: Path) -> Path:
