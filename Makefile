@@ -1,4 +1,5 @@
-# dflash-iree: `make demo`, `make test`; `make setup`, `make compile`, `make records`, `make kernels`.
+# dflash-iree: `make demo`, `make test`; `make setup`, `make compile`, `make records`, `make kernels`,
+# `make device-wheels`, `make device-artifacts`.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -48,3 +49,14 @@ compile: setup
 # Rewrite compiled/records/ARCH.json (what tests/test_compile.py compares every tiny compile with).
 records: setup
 	DFLASH_IREE_UPDATE_RECORDS=1 $(PY) -m pytest -q tests/test_compile.py -k test_record
+
+# What a GPU run carries (bench/pack_device.py, installed there by bench/on_device.sh): the wheels,
+# .gpu/wheels/ (dflash_iree built from this tree, iree-base-runtime 3.13.0 trimmed and ml_dtypes, cp312),
+# and `make device-artifacts NAMES="tiny-sm_80 demo-sm_80 expected.json"`: those folders of .gpu/ in
+# .gpu/artifacts.zip.
+.PHONY: device-wheels device-artifacts
+device-wheels: setup
+	$(PY) bench/pack_device.py wheels
+
+device-artifacts: setup
+	$(PY) bench/pack_device.py artifacts $(NAMES)

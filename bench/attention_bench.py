@@ -1,9 +1,9 @@
 """Attention alone at the Qwen3-8B shapes on a GPU: formulations of export/qwen3.py's `attend`.
 
     python bench/attention_bench.py prepare [--arch sm_80]        # here: one .vmfb per (variant, rows)
-    PYTHONPATH=. python bench/attention_bench.py run --json OUT   # on the GPU machine (iree.runtime + torch)
+    bash bench/on_device.sh python3 bench/attention_bench.py run --json OUT   # on the GPU machine
 
-The H200 profile of the 8B verify step (bench/results/speed_8b_h200_profile.json) put 9 of its
+The H200 profile of the 8B verify step (experiments/2026-11-30-verify-profile/) put 9 of its
 16.5 busy ms in attention: per layer a `matmul_like_16x8x4x128xD` dispatch of 0.21 ms and a softmax
 of 0.05 ms, for 16 query rows over ~540 cached rows (1 MB of K and of V), where decode's whole
 attention costs 0.05 ms a layer. Each module here runs one formulation over all 36 layers of a
@@ -38,16 +38,15 @@ row-independence `exact` mode relies on. Files before it used a [36, 2, 1024, 10
 
 from __future__ import annotations
 
-import argparse
 import functools
-import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-WORK = ROOT / ".gpu" / "attention"
+import common
+from common import main, write_json
+
+WORK = common.WORK / "attention"
 LAYERS, CONTEXT, HQ, HKV, HD = 36, 1024, 32, 8, 128
 PAGE = 32
 START = 512  # committed rows before the block: the 8B speed bench's prompt
@@ -142,7 +141,7 @@ def layers_module(fn, layers: int = LAYERS, hkv: int = HKV, hd: int = HD, page: 
     laid out as export/qwen3.py `write_cache` lays it: forward(q [layers, 1, T, Hq, hd] bf16,
     cache [1, layers, 2, C, hkv * hd] bf16, start [1] int64, pages [P] int8) -> [layers, 1, T, Hq * hd],
     reading P * page cache rows with the causal mask of tokens at start.. (tests/test_attention.py
-    exports it at tiny sizes)."""
+    has the same at tiny sizes)."""
     import torch
     from torch import nn
 
@@ -282,27 +281,21 @@ def run(out_json: str, arch: str) -> dict:
                 r["row0_bits_equal_t16"] = bool(np.array_equal(out[:, :, 0], t16[variant][:, :, 0]))
             result["runs"][f"{variant}/T={T}"] = r
             print(f"{variant} T={T}: {r}", flush=True)
-    Path(out_json).write_text(json.dumps(result, indent=1) + "\n")
+    write_json(out_json, result)
     return result
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("prepare")
+def _prepare_options(p) -> None:
     p.add_argument("--arch", default="sm_80")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS))
     p.add_argument("--rows", type=int, nargs="+", default=list(ROWS))
-    r = sub.add_parser("run")
+
+
+def _run_options(r) -> None:
     r.add_argument("--json", required=True)
     r.add_argument("--arch", default="sm_80")
-    args = ap.parse_args()
-    if args.cmd == "prepare":
-        prepare(args.arch, args.variants, args.rows)
-    else:
-        run(args.json, args.arch)
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(__doc__, {"prepare": (lambda a: prepare(a.arch, a.variants, a.rows), _prepare_options),
+                            "run": (lambda a: run(a.json, a.arch), _run_options)}))

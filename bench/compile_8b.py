@@ -1,6 +1,6 @@
 """Measure the Qwen3-8B + DFlash-b16 compile here: export once, then lower for each arch.
 
-    .venv/bin/python bench/compile_8b.py [--archs gfx1151 gfx1100 sm_89] [--json bench/results/compile_8b.json]
+    .venv/bin/python bench/compile_8b.py [--archs gfx1151 gfx1100 sm_89] [--json OUT.json]
 
 Reads only tests/fixtures/qwen3-8b/config.json and tests/fixtures/qwen3-8b-dflash-b16/config.json
 (no weights: the modules are built on the meta device). Block 16, max_context 4096, bf16. The export
@@ -41,7 +41,7 @@ def _cpu() -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--archs", nargs="+", default=["gfx1151", "gfx1100", "sm_89"])
-    ap.add_argument("--json", default=str(ROOT / "bench" / "results" / "compile_8b.json"))
+    ap.add_argument("--json", default=str(ROOT / ".gpu" / "compile_8b.json"))
     args = ap.parse_args()
 
     log = cc.Progress()

@@ -2,11 +2,10 @@
 matmul and cuBLAS, at Qwen3-8B shapes, with parity and the row-independence bit check.
 
     python bench/gemm_bench.py prepare --out .gpu/gemm [--arch sm_80]        # here: compile the modules
-    python bench/gemm_bench.py run --modules .gpu/gemm --json out.json       # there: time, check
+    bash bench/on_device.sh python3 bench/gemm_bench.py run --modules .gpu/gemm --json out.json   # there
     python bench/gemm_bench.py report --json out.json                        # the markdown table
-    python bench/gemm_bench.py prepare --groups --out .gpu/groups            # grouped dispatches (q+k+v,
-    python bench/gemm_bench.py run --groups --modules .gpu/groups --json g.json  # gate+up): parity, row bits;
-                                                                                 # and the epilogues
+    python bench/gemm_bench.py prepare --groups --out .gpu/groups            # grouped dispatches and
+    ... gemm_bench.py run --groups --modules .gpu/groups --json g.json       # epilogues (bench/gemm_groups.py)
 
 y[M, N] = x[M, K] . W[N, K]^T, x/W/y bf16, f32 sums; (N, K) in SHAPES, M in MS. Per shape and M:
 - custom:  kernels/gemm.py's dispatch in an IREE module;
@@ -14,48 +13,33 @@ y[M, N] = x[M, K] . W[N, K]^T, x/W/y bf16, f32 sums; (N, K) in SHAPES, M in MS. 
            truncated to bf16, the form torch's bf16 mm lowers to), same module, same flags;
 - cublas:  torch `x @ W.t()`, captured in a CUDA graph;
 - raw:     (with --ptx DIR) the kernel objects launched directly through CuPy in a CUDA graph, for
-           trying build variants without IREE.
+           trying build variants without IREE (bench/gemm_raw.py).
 Each arm reads R distinct weight matrices (together >= 384 MB, beyond the 60 MB L2) one after the
 other. IREE arms: one module function calls the R matmuls once, another PASSES times (each pass with
 other x rows), compiled with --iree-stream-partitioning-favor=debug so that the dispatches run one
 after another as in a model (no overlap of independent matmuls); time per matmul =
 (median(many) - median(once)) / (R * (PASSES - 1)), which cancels the per-invocation overhead. Weights are function arguments: device arrays uploaded once.
 Bandwidth = weight bytes / time; the copy bandwidth is a torch copy of a 4 GiB buffer in the same run
-(2 * bytes / time). Parity: every output against float32 sums (torch, TF32 off) rounded to bf16, in
+(2 * bytes / time, common.copy_bandwidth; results before it timed 5 copies with CUDA events). Parity: every output against float32 sums (torch, TF32 off) rounded to bf16, in
 bf16 ulps (pass: <= 1). Rows: one row of x placed at rows 0 (M=1), 5 (M=8, 16), 5, 37 and 63 (M=64)
 gives bit-identical outputs.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
+from common import copy_bandwidth, main, write_json
 SHAPES = [(4096, 4096), (1024, 4096), (12288, 4096), (4096, 12288), (151936, 4096)]
 NAMES = {(4096, 4096): "q/o proj", (1024, 4096): "k/v proj", (12288, 4096): "gate/up", (4096, 12288): "down",
          (151936, 4096): "lm_head", (6144, 4096): "q+k+v (raw: as one weight)",
          (24576, 4096): "gate+up (raw: as one weight)"}
 MS = [1, 8, 16, 64]
-# Grouped dispatches (several weights of one x, as export/splice.py groups them): q+k+v and gate+up.
-GROUPS = [((4096, 1024, 1024), 4096), ((12288, 12288), 4096)]
-GROUP_MS = [1, 8, 16]
-# Epilogues (kernels/gemm_body.h): the residual add (down_proj, and a 12288-row weight for the unsplit
-# path) and silu(gate) * up (the 8B MLP's, unsplit, and a small pair that takes k splits), each
-# checked against the plain dispatch of the same weights.
-EPILOGUES = [("residual", 4096, 12288), ("residual", 12288, 4096), ("swiglu", (12288, 12288), 4096),
-             ("swiglu", (1024, 1024), 4096)]
-EPILOGUE_MS = [1, 16, 33]
 SET_BYTES = 384 << 20
 FLAGS = ["--iree-stream-partitioning-favor=debug"]
 PASSES = 9  # the "many" function's passes over the weights; "once" makes one
@@ -122,39 +106,6 @@ def module_text(M: int, N: int, K: int, arch: str) -> tuple[str, list[str], dict
     return src, d.flags, {"splits": d.plan.splits, "col_blocks": d.plan.col_blocks, "R": R}
 
 
-def prepare_groups(out: Path, arch: str) -> None:
-    """One module per grouped shape and M: `gemm(x, w0, ..) -> (y0, ..)` (kernels/gemm.py
-    standalone_module), listed in out/groups.json."""
-    import iree.compiler as ic
-
-    from dflash_iree.kernels.gemm import gemm_dispatch, standalone_module
-    from dflash_iree.kernels.topk import device_flags
-
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {"arch": arch, "groups": []}
-    for Ns, K in GROUPS:
-        for M in GROUP_MS:
-            d = gemm_dispatch(M, Ns, K, arch, name="dg")
-            name = f"grp_{M}x{'_'.join(map(str, Ns))}x{K}.vmfb"
-            ic.compile_str(standalone_module(d), output_file=str(out / name), extra_args=device_flags(arch) + d.flags)
-            meta["groups"].append({"file": name, "M": M, "Ns": list(Ns), "K": K, "splits": d.plan.splits,
-                                   "grid_x": d.plan.grid_x, "col_blocks": d.plan.col_blocks})
-            print(f"{name}: plan splits {d.plan.splits}, grid_x {d.plan.grid_x} of {d.plan.col_blocks} blocks", flush=True)
-    meta["epilogues"] = []
-    for kind, N, K in EPILOGUES:
-        for M in EPILOGUE_MS:
-            files = []
-            for epi in (kind, None):  # the epilogue, and the plain dispatch of the same weights
-                d = gemm_dispatch(M, N, K, arch, name="dg", epilogue=epi)
-                files.append(f"{epi or 'plain'}_{M}x{'_'.join(map(str, d.Ns))}x{K}.vmfb")
-                ic.compile_str(standalone_module(d), output_file=str(out / files[-1]),
-                               extra_args=device_flags(arch) + d.flags)
-            meta["epilogues"].append({"kind": kind, "file": files[0], "plain": files[1], "M": M,
-                                      "Ns": list(d.Ns), "K": K, "splits": d.plan.splits})
-            print(f"{files[0]}: plan splits {d.plan.splits}", flush=True)
-    (out / "groups.json").write_text(json.dumps(meta, indent=1))
-
-
 def prepare(out: Path, arch: str) -> None:
     import iree.compiler as ic
 
@@ -176,7 +127,7 @@ def prepare(out: Path, arch: str) -> None:
 # ---------------------------------------------------------------- device side
 
 
-def _to_iree(device, t):
+def to_iree(device, t):
     """A bf16 torch tensor as an IREE device array (through host memory, bit for bit)."""
     import iree.runtime as rt
     import ml_dtypes
@@ -185,7 +136,7 @@ def _to_iree(device, t):
     return rt.asdevicearray(device, t.cpu().view(torch.int16).numpy().view(ml_dtypes.bfloat16))
 
 
-def _from_iree(array):
+def from_iree(array):
     """An IREE bf16 device array as a CUDA torch tensor, bit for bit."""
     import numpy as np
     import torch
@@ -193,7 +144,7 @@ def _from_iree(array):
     return torch.from_numpy(np.asarray(array.to_host()).view(np.int16).copy()).view(torch.bfloat16).cuda()
 
 
-def _ulps(a, b):
+def ulps(a, b):
     """bf16 ulp distance between two bf16 torch tensors (sign-magnitude bits ordered)."""
     import torch
 
@@ -211,7 +162,7 @@ def parity(y, ref, scale) -> dict:
     (absolute) or within 1 ulp. Returns max ulp (well-conditioned outputs), count over 1 ulp there, and bad count."""
     import torch
 
-    ul = _ulps(y, ref)
+    ul = ulps(y, ref)
     well = ref.float().abs() >= scale * 2.0**-8
     err = (y.float() - ref.float()).abs()
     bad = (ul > 1) & (~well) & (err > scale * 2.0**-16) | (well & (ul > 1))
@@ -244,84 +195,13 @@ def _time_graph(fn, reps_inner: int, replays: int = 5) -> float:
     return statistics.median(times) / reps_inner
 
 
-def copy_bandwidth() -> dict:
-    import torch
-
-    n = 4 << 30
-    src = torch.empty(n, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    ts = []
-    for _ in range(5):
-        a.record()
-        dst.copy_(src)
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b) / 1e3)
-    del src, dst
-    torch.cuda.empty_cache()
-    return {"how": "torch copy of a 4 GiB buffer, CUDA events, median of 5", "TBps": 2 * n / statistics.median(ts) / 1e12,
-            "gpu": torch.cuda.get_device_name()}
-
-
-class Raw:
-    """Kernel objects (PTX) launched directly through CuPy on torch's current stream (for variants)."""
-
-    def __init__(self, ptx: Path, threads: int, bn: int, rnd: int, rows: int = 16):
-        import cupy
-
-        self.cupy = cupy
-        self.mod = cupy.RawModule(path=str(ptx))
-        self.threads, self.bn, self.rnd, self.rows = threads, bn, rnd, rows
-
-    def plan_splits(self, N, K, splits=None):
-        rounds = K // self.rnd
-        cb = math.ceil(N / self.bn)
-        if splits is None:
-            splits = next((s for s in range(1, rounds + 1) if rounds % s == 0 and cb * s >= 264), rounds)
-        return cb, splits
-
-    def split_candidates(self, N, K):
-        """Split counts worth trying: whole rounds per split, 132..1100 workgroups (at most 4), or 1."""
-        rounds, cb = K // self.rnd, math.ceil(N / self.bn)
-        c = [s for s in range(1, rounds + 1) if rounds % s == 0 and 132 <= cb * s <= 1100][:4]
-        return c or [1]
-
-    def regs(self, M):
-        """Registers per thread of the entry point for M rows, as the driver compiled it."""
-        return self.mod.get_function(f"dflash_gemm_mt{math.ceil(M / self.rows)}").num_regs
-
-    def launcher(self, x, w, M, N, K, splits, passes=1):
-        import numpy as np
-        import torch
-
-        cb, S = self.plan_splits(N, K, splits)
-        f = self.mod.get_function(f"dflash_gemm_mt{math.ceil(M / self.rows)}")
-        y = torch.full((M, N), float("nan"), dtype=torch.bfloat16, device="cuda")  # an unwritten output fails parity
-        part = torch.empty(S * M * N if S > 1 else 1, dtype=torch.float32, device="cuda")
-        cnt = torch.zeros(cb, dtype=torch.int32, device="cuda")
-        i32, u64 = np.int32, np.uint64
-        gx = math.ceil(cb / passes)  # workgroups along the column blocks (each takes `passes` in turn)
-
-        def go(wt=w):
-            st = self.cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
-            f((gx, S, 1), (self.threads, 1, 1), (u64(x.data_ptr()), u64(wt.data_ptr()), u64(cnt.data_ptr()),
-                                                 u64(y.data_ptr()), u64(part.data_ptr()), i32(M), i32(K),
-                                                 i32(K // S), i32(S), i32(gx), i32(N)), stream=st)
-            return y
-
-        return go, S
-
-
 def run(modules: Path | None, ptx_dir: Path | None, out_json: Path | None, shapes=None, ms=None) -> dict:
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     rec = {"copy": copy_bandwidth(), "rows": [], "raw": [], "row_check": []}
-    bw = rec["copy"]["TBps"]
+    bw = rec["copy"]["tb_per_s"]
     print(f"copy bandwidth {bw:.3f} TB/s on {rec['copy']['gpu']}", flush=True)
     meta = json.loads((modules / "modules.json").read_text()) if modules else None
     if meta:
@@ -331,8 +211,10 @@ def run(modules: Path | None, ptx_dir: Path | None, out_json: Path | None, shape
         rec["arch"] = meta["arch"]
     raws = {}
     if ptx_dir:
+        import gemm_raw
+
         for v in json.loads((ptx_dir / "variants.json").read_text()):
-            raws[v["name"]] = (Raw(ptx_dir / v["file"], v["threads"], v["bn"], v["round"], v.get("rows", 16)), v)
+            raws[v["name"]] = (gemm_raw.Raw(ptx_dir / v["file"], v["threads"], v["bn"], v["round"], v.get("rows", 16)), v)
     gen = torch.Generator(device="cuda").manual_seed(0)
     for N, K in shapes or SHAPES:
         R = reps(N, K)
@@ -380,15 +262,15 @@ def run(modules: Path | None, ptx_dir: Path | None, out_json: Path | None, shape
                 ctx.add_vm_module(vm)
                 mod = ctx.modules.module
                 if dws is None:
-                    dws = [_to_iree(config.device, w) for w in ws]
+                    dws = [to_iree(config.device, w) for w in ws]
                 X = torch.cat([x] + [torch.randn(M, K, generator=gen, device="cuda").to(torch.bfloat16)
                                      for _ in range(PASSES - 1)])
-                dx = _to_iree(config.device, X)
+                dx = to_iree(config.device, X)
                 row.update(splits=info["splits"], col_blocks=info["col_blocks"])
                 for arm in ("custom", "default"):
                     once, many = getattr(mod, f"{arm}_once"), getattr(mod, f"{arm}_many")
                     res = once(dx, *dws)
-                    yt = _from_iree(res[0])
+                    yt = from_iree(res[0])
                     pr = parity(yt, ref, scale)
                     row[f"{arm}_parity"] = pr
                     row[f"{arm}_max_ulp"] = pr["max_ulp"]
@@ -428,97 +310,12 @@ def run(modules: Path | None, ptx_dir: Path | None, out_json: Path | None, shape
         del ws, dws
         torch.cuda.empty_cache()
     if out_json:
-        out_json.parent.mkdir(parents=True, exist_ok=True)
-        out_json.write_text(json.dumps(rec, indent=1) + "\n")
+        write_json(out_json, rec)
     return rec
 
 
-def run_groups(modules: Path, out_json: Path | None) -> dict:
-    """The grouped modules of `prepare --groups` on the GPU: each y_g against float32 sums rounded to
-    bf16 (`parity`), and one probe row of x placed at rows 0 (M=1), 5 (M=8) and 5, 11 (M=16) giving
-    bit-identical outputs for every weight, as the numerics contract requires (gemm_body.h)."""
-    import iree.runtime as rt
-    import torch
-
-    torch.backends.cuda.matmul.allow_tf32 = False
-    meta = json.loads((modules / "groups.json").read_text())
-    config = rt.Config("cuda")
-    gen = torch.Generator(device="cuda").manual_seed(1)
-    rec = {"arch": meta["arch"], "groups": []}
-
-    bits: dict[tuple, list] = {}
-    for g in meta["groups"]:
-        Ns, K, M = tuple(g["Ns"]), g["K"], g["M"]
-        gen.manual_seed(2)  # the same weights and probe row for every M of a group
-        ws = [torch.randn(n, K, generator=gen, device="cuda").to(torch.bfloat16) for n in Ns]
-        probe = torch.randn(K, generator=gen, device="cuda").to(torch.bfloat16)
-        x = torch.randn(M, K, generator=gen, device="cuda").to(torch.bfloat16)
-        pos = [0] if M == 1 else [5] if M <= 8 else [5, 11]
-        for p in pos:
-            x[p] = probe
-        ctx = rt.SystemContext(config=config)
-        ctx.add_vm_module(rt.VmModule.mmap(config.vm_instance, str(modules / g["file"])))
-        ys = ctx.modules.gemm_check.gemm(_to_iree(config.device, x), *[_to_iree(config.device, w) for w in ws])
-        ys = ys if isinstance(ys, (list, tuple)) else [ys]
-        row = {**{k: g[k] for k in ("M", "Ns", "K", "splits", "grid_x")}, "weights": []}
-        for i, (w, y) in enumerate(zip(ws, ys)):
-            yt = _from_iree(y)
-            ref = (x.float() @ w.float().t()).to(torch.bfloat16)
-            row["weights"].append({"N": Ns[i], **parity(yt, ref, x.float().abs() @ w.float().abs().t())})
-            for p in pos:
-                bits.setdefault((Ns, K, i), []).append(yt[p].cpu().view(torch.int16).numpy().tobytes())
-        rec["groups"].append(row)
-        print(f"group {M:2d}x{Ns}x{K} S={g['splits']} GX={g['grid_x']}: " + ", ".join(
-            f"N={w['N']} max ulp {w['max_ulp']} bad {w['bad']}" for w in row["weights"]), flush=True)
-        del ctx
-    rec["row_check"] = [{"Ns": list(Ns), "K": K, "weight": i, "placements": len(b), "identical": len(set(b)) == 1}
-                        for (Ns, K, i), b in bits.items()]
-    rec["epilogues"] = [_check_epilogue(modules, e, config, gen) for e in meta.get("epilogues", [])]
-    rec["all_pass"] = (all(w["bad"] == 0 for r in rec["groups"] for w in r["weights"])
-                       and all(r["identical"] for r in rec["row_check"]) and all(e["pass"] for e in rec["epilogues"]))
-    print(f"grouped dispatches: {'all pass' if rec['all_pass'] else 'FAIL'} "
-          f"(parity and row bits over {sum(r['placements'] for r in rec['row_check'])} placements)", flush=True)
-    if out_json:
-        out_json.parent.mkdir(parents=True, exist_ok=True)
-        out_json.write_text(json.dumps(rec, indent=1) + "\n")
-    return rec
-
-
-def _check_epilogue(modules: Path, e: dict, config, gen) -> dict:
-    """One epilogue module against the plain dispatch of the same weights, on the GPU. residual: bit
-    equality with bf16(r + y) of the plain y; swiglu: against bf16(bf16(silu(g)) * u) of the plain
-    g, u, torch's float32 silu: the kernel's exp2 may move a product across a bf16 rounding boundary,
-    so up to 1 ulp passes (the count of such outputs is reported)."""
-    import iree.runtime as rt
-    import torch
-
-    Ns, K, M = tuple(e["Ns"]), e["K"], e["M"]
-    gen.manual_seed(3)
-    ws = [torch.randn(n, K, generator=gen, device="cuda").to(torch.bfloat16) for n in Ns]
-    x = torch.randn(M, K, generator=gen, device="cuda").to(torch.bfloat16)
-    dev = config.device
-
-    def call(file, *args):
-        ctx = rt.SystemContext(config=config)
-        ctx.add_vm_module(rt.VmModule.mmap(config.vm_instance, str(modules / file)))
-        ys = ctx.modules.gemm_check.gemm(*[_to_iree(dev, a) for a in args])
-        return [_from_iree(y) for y in (ys if isinstance(ys, (list, tuple)) else [ys])]
-
-    plain = call(e["plain"], x, *ws)
-    if e["kind"] == "residual":
-        r = torch.randn(M, Ns[0], generator=gen, device="cuda").to(torch.bfloat16) * 4
-        y = call(e["file"], x, ws[0], r)[0]
-        ref = (r.float() + plain[0].float()).to(torch.bfloat16)
-    else:
-        y = call(e["file"], x, *ws)[0]
-        ref = (torch.nn.functional.silu(plain[0].float()).to(torch.bfloat16).float() * plain[1].float()).to(torch.bfloat16)
-    ul = _ulps(y, ref)
-    out = {k: e[k] for k in ("kind", "M", "Ns", "K", "splits")}
-    out.update(n=int(ul.numel()), differ=int((ul > 0).sum()), max_ulp=int(ul.max()))
-    out["pass"] = out["max_ulp"] == 0 if e["kind"] == "residual" else out["max_ulp"] <= 1
-    print(f"epilogue {e['kind']} {M:2d}x{Ns}x{K} S={e['splits']}: {out['differ']} of {out['n']} differ, "
-          f"max {out['max_ulp']} ulp: {'pass' if out['pass'] else 'FAIL'}", flush=True)
-    return out
+def _copy_tb_per_s(rec: dict) -> float:
+    return rec["copy"].get("tb_per_s", rec["copy"].get("TBps"))  # TBps: results written before common.py
 
 
 def summary(rec: dict) -> dict:
@@ -535,7 +332,7 @@ def summary(rec: dict) -> dict:
             continue
         byts = sum(c * N * K * 2 for (N, K), c in layer.items())
         out[arm] = {"layer_us": t, "verify16_decode1_ratio": t[16] / t[1], "verify8_decode1_ratio": t[8] / t[1],
-                    "layer_frac_of_copy": {M: byts / (t[M] * 1e-6) / 1e12 / rec["copy"]["TBps"] for M in MS}}
+                    "layer_frac_of_copy": {M: byts / (t[M] * 1e-6) / 1e12 / _copy_tb_per_s(rec) for M in MS}}
     return out
 
 
@@ -551,40 +348,50 @@ def report(rec: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("step", choices=["prepare", "run", "report"])
+def _options(p) -> None:
     p.add_argument("--arch", default="sm_80")
     p.add_argument("--out", "--modules", dest="modules", type=Path)
-    p.add_argument("--ptx", type=Path, help="folder with variants.json and PTX variants (raw CuPy arm)")
+    p.add_argument("--ptx", type=Path, help="folder with variants.json and PTX variants (raw CuPy arm, bench/gemm_raw.py)")
     p.add_argument("--json", type=Path)
     p.add_argument("--shapes", help="NxK,NxK,... (default: all)")
     p.add_argument("--ms", help="M,M,... (default: 1,8,16,64)")
-    p.add_argument("--groups", action="store_true", help="the grouped dispatches (GROUPS): prepare them, or check them")
-    a = p.parse_args(argv)
-    if a.step in ("prepare", "run") and a.groups and a.modules is None:
-        p.error("--groups needs --out/--modules DIR (the grouped modules' folder)")
-    if a.step == "prepare" and a.modules is None:
-        p.error("prepare needs --out DIR")
-    if a.step == "prepare":
-        (prepare_groups if a.groups else prepare)(a.modules, a.arch)
-    elif a.step == "run" and a.groups:
-        run_groups(a.modules, a.json)
-    elif a.step == "run":
-        shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")] if a.shapes else None
-        ms = [int(m) for m in a.ms.split(",")] if a.ms else None
-        rec = run(a.modules, a.ptx, a.json, shapes, ms)
-        rec["summary"] = summary(rec)
-        if a.json:
-            a.json.write_text(json.dumps(rec, indent=1) + "\n")
-        print(json.dumps(rec["summary"], indent=1))
-        print(report(rec))
+    p.add_argument("--groups", action="store_true", help="the grouped dispatches and epilogues (bench/gemm_groups.py)")
+
+
+def _prepare(a) -> None:
+    if a.modules is None:
+        raise SystemExit("prepare needs --out DIR")
+    if a.groups:
+        import gemm_groups
+
+        gemm_groups.prepare_groups(a.modules, a.arch)
     else:
-        rec = json.loads(a.json.read_text())
-        print(report(rec))
-        print(json.dumps(summary(rec), indent=1))
-    return 0
+        prepare(a.modules, a.arch)
+
+
+def _run(a) -> None:
+    if a.groups:
+        if a.modules is None:
+            raise SystemExit("--groups needs --modules DIR (the grouped modules' folder)")
+        import gemm_groups
+
+        gemm_groups.run_groups(a.modules, a.json)
+        return
+    shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")] if a.shapes else None
+    ms = [int(m) for m in a.ms.split(",")] if a.ms else None
+    rec = run(a.modules, a.ptx, a.json, shapes, ms)
+    rec["summary"] = summary(rec)
+    if a.json:
+        write_json(a.json, rec)
+    print(json.dumps(rec["summary"], indent=1))
+    print(report(rec))
+
+
+def _report(a) -> None:
+    rec = json.loads(a.json.read_text())
+    print(report(rec))
+    print(json.dumps(summary(rec), indent=1))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(__doc__, {"prepare": (_prepare, _options), "run": (_run, _options), "report": (_report, _options)}))

@@ -2,7 +2,7 @@
 
     python bench/gpu_check.py prepare --arch sm_89            # here: checkpoints, artifacts, eager tokens
                                     [--every-gemm]            # (the demo's matmuls all take the GEMM splice)
-    PYTHONPATH=. python bench/gpu_check.py run --device cuda --json OUT.json   # on the GPU machine
+    bash bench/on_device.sh python3 bench/gpu_check.py run --device cuda --json OUT.json   # on the GPU machine
     python bench/gpu_check.py report OUT.json                 # here: top-2 margins at divergences, table
 
 `prepare` writes `.gpu/` (git-ignored; carry it to the device): a tiny float32 pair, both pairs
@@ -18,16 +18,15 @@ iree.runtime and NumPy. It checks:
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import math
+import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-WORK = ROOT / ".gpu"
+from common import ROOT, WORK, main
 TINY_PROMPTS = [[7, 300, 12, 99, 5], list(range(40, 73)), [200]]
 TINY_CASES = [("greedy", 0.0, 0), ("t1-seed3", 1.0, 3)]
 LENGTHS = (4, 90)
@@ -36,9 +35,6 @@ LENGTHS = (4, 90)
 def prepare(arch: str, every_gemm: bool = False) -> None:
     """EVERY_GEMM: the demo pair's matmuls all take the skinny-GEMM splice (no 4 MiB floor: its
     384-wide weights are below it), to check the kernel, grouped dispatches included, in a model."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    from tiny import make_drafter, make_target
-
     from dflash_iree.export import splice
     from dflash_iree.export.compile import compile_artifacts
     from dflash_iree.export.load import load_target
@@ -46,9 +42,8 @@ def prepare(arch: str, every_gemm: bool = False) -> None:
 
     WORK.mkdir(exist_ok=True)
     target, drafter = WORK / "tiny" / "target", WORK / "tiny" / "drafter"
-    if not target.exists():
-        make_target(target)
-        make_drafter(drafter, target)
+    if not target.exists():  # the tests' tiny float32 pair (transformers writes the target)
+        subprocess.run([sys.executable, str(ROOT / "tests" / "tiny.py"), str(WORK / "tiny")], check=True)
     compile_artifacts(arch, target, drafter, WORK / f"tiny-{arch}", max_context=256)
     splices = {**splice.SPLICES, "gemm": functools.partial(splice.splice_gemm, min_weight_bytes=0)} if every_gemm else None
     compile_artifacts(arch, ROOT / "models/demo/target", ROOT / "models/demo/drafter", WORK / f"demo-{arch}",
@@ -164,13 +159,12 @@ def report(path: str) -> None:
               f"median {sorted(margins)[len(margins) // 2]:.4f}")
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="cmd", required=True)
-    a = sub.add_parser("prepare")
+def _prepare_options(a) -> None:
     a.add_argument("--arch", default="sm_89")
     a.add_argument("--every-gemm", action="store_true", help="the demo's matmuls all take the skinny-GEMM splice")
-    r = sub.add_parser("run")
+
+
+def _run_options(r) -> None:
     r.add_argument("--device", default="cuda")
     r.add_argument("--json", required=True)
     r.add_argument("--prompts", type=int, default=16)
@@ -178,16 +172,10 @@ def main() -> None:
     r.add_argument("--runs", type=int, default=2)
     r.add_argument("--tiny-only", action="store_true", help="only the tiny float32 pair")
     r.add_argument("--arch", help="the artifacts .gpu/tiny-ARCH and .gpu/demo-ARCH (default: the prepared arch)")
-    s = sub.add_parser("report")
-    s.add_argument("json")
-    args = p.parse_args()
-    if args.cmd == "prepare":
-        prepare(args.arch, args.every_gemm)
-    elif args.cmd == "run":
-        run(args.device, args.json, args.prompts, args.max_new_tokens, args.runs, args.tiny_only, args.arch)
-    else:
-        report(args.json)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main(__doc__, {
+        "prepare": (lambda a: prepare(a.arch, a.every_gemm), _prepare_options),
+        "run": (lambda a: run(a.device, a.json, a.prompts, a.max_new_tokens, a.runs, a.tiny_only, a.arch), _run_options),
+        "report": (lambda a: report(a.json), lambda s: s.add_argument("json"))}))

@@ -1,7 +1,7 @@
 """Bit parity of the head norm + rope dispatch (kernels/norm_rope.py) with the eager PyTorch ops, on a GPU.
 
     python bench/norm_rope_check.py prepare --arch sm_80       # here: standalone modules into .gpu/norm_rope/
-    PYTHONPATH=. python bench/norm_rope_check.py run --json OUT # on the GPU machine (iree.runtime + torch)
+    bash bench/on_device.sh python3 bench/norm_rope_check.py run --json OUT   # on the GPU machine
 
 Each case (the Qwen3-8B q and k shapes of decode and verify, a dynamic token count, tiny float32,
 float16; q and k in one dispatch, each output checked) runs the kernel on seeded inputs (cos, sin of real positions) and compares it with
@@ -17,13 +17,13 @@ cancellation shows.)
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-WORK = ROOT / ".gpu" / "norm_rope"
+import common
+from common import main, write_json
+
+WORK = common.WORK / "norm_rope"
 # (S, T, H, head_dim, dtype, eps[, Hk]); T None: a dynamic token count, run with DYNAMIC_T tokens;
 # Hk: q (H heads) and k (Hk heads) in one dispatch (dflash_norm_rope2), each output checked.
 CASES = [(1, 1, 32, 128, "bf16", 1e-6), (1, 1, 8, 128, "bf16", 1e-6), (1, 16, 32, 128, "bf16", 1e-6),
@@ -126,22 +126,11 @@ def run(out_json: str) -> dict:
         result["cases"].append(row)
         print(row, flush=True)
     result["ok"] = all(r["ok"] for r in result["cases"])
-    Path(out_json).write_text(json.dumps(result, indent=1) + "\n")
+    write_json(out_json, result)
     return result
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("prepare").add_argument("--arch", default="sm_80")
-    sub.add_parser("run").add_argument("--json", default=str(WORK / "norm_rope.json"))
-    args = ap.parse_args()
-    if args.cmd == "prepare":
-        prepare(args.arch)
-    else:
-        return 0 if run(args.json)["ok"] else 1
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(__doc__, {"prepare": (lambda a: prepare(a.arch), lambda p: p.add_argument("--arch", default="sm_80")),
+                            "run": (lambda a: 0 if run(a.json)["ok"] else 1,
+                                    lambda p: p.add_argument("--json", default=str(WORK / "norm_rope.json")))}))

@@ -1,7 +1,7 @@
 """Speed of the draft top-K custom dispatch against IREE's argmax and IREE's linalg_ext.topk, on one device.
 
     python bench/topk_bench.py build --arch host --out DIR      # compile every arm (needs iree.compiler)
-    python bench/topk_bench.py run --device local-task --modules DIR --json bench/results/topk_host.json
+    python bench/topk_bench.py run --device local-task --modules DIR --json OUT.json
     python bench/topk_bench.py all --arch host --device local-task --json ...   # both
 
 At logits [15, 151936], K=8, each arm is timed by iree-benchmark-module (the runtime wheel's
@@ -19,7 +19,6 @@ Needs only the IREE runtime and NumPy to run (torch for the GPU bandwidth, when 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -30,6 +29,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from common import main, write_json
 
 N, V, K, B = 15, 151936, 8, 16
 SPLITS = {"host": (0, 128, 1187), "gpu": (0, 128, 1187, 2374)}
@@ -232,27 +233,29 @@ def run(device: str, modules: Path, repetitions: int = 5, rounds: int = 1) -> di
                       + (f", lowest of {rounds} rounds taken in turn" if rounds > 1 else "")}
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("step", choices=["build", "run", "all"])
+def _options(p) -> None:
     p.add_argument("--arch", default="host")
     p.add_argument("--device", default="local-task")
     p.add_argument("--modules", "--out", type=Path, dest="modules")
     p.add_argument("--json", type=Path)
     p.add_argument("--rounds", type=int, default=1, help="timing rounds, arms in turn; each arm keeps its lowest")
-    args = p.parse_args(argv)
-    with tempfile.TemporaryDirectory() as tmp:
-        modules = args.modules or Path(tmp)
-        if args.step in ("build", "all"):
-            build(args.arch, modules)
-        if args.step in ("run", "all"):
-            rec = run(args.device, modules, rounds=args.rounds)
-            print(json.dumps(rec["summary"]), f"floor {rec['floor_ms']:.4f} ms", f"best split {rec['best_topk_split']}")
-            if args.json:
-                args.json.parent.mkdir(parents=True, exist_ok=True)
-                args.json.write_text(json.dumps(rec, indent=1) + "\n")
-    return 0
+
+
+def _steps(build_arms: bool, run_arms: bool):
+    def steps(args) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            modules = args.modules or Path(tmp)
+            if build_arms:
+                build(args.arch, modules)
+            if run_arms:
+                rec = run(args.device, modules, rounds=args.rounds)
+                print(json.dumps(rec["summary"]), f"floor {rec['floor_ms']:.4f} ms", f"best split {rec['best_topk_split']}")
+                if args.json:
+                    write_json(args.json, rec)
+
+    return steps
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(__doc__, {"build": (_steps(True, False), _options), "run": (_steps(False, True), _options),
+                            "all": (_steps(True, True), _options)}))

@@ -1,12 +1,10 @@
 """The block-attention dispatch (kernels/attention_*): objects, MLIR, refusals, and the splice of the verify
 attention over the KV cache. The kernel runs only on a GPU: parity and speed are bench/attention_bench.py
-on the H200 (bench/results/attention_h200_kernel.json)."""
+on the H200 (experiments/2026-11-30-block-attention/)."""
 
 from __future__ import annotations
 
 import functools
-import importlib.util
-from pathlib import Path
 
 import pytest
 
@@ -58,10 +56,32 @@ def test_compiles_for_gpu_targets(arch):
         assert len(ic.compile_str(standalone_module(d), extra_args=flags + d.flags)) > 10000
 
 
-ROOT = Path(__file__).resolve().parents[1]
-# export/qwen3.py's attention over the cache (bench/attention_bench.py layers_module at tiny sizes),
-# as the test exports it: T tokens, g query heads per KV head.
+# export/qwen3.py's attention over the cache at tiny sizes, as the test exports it: T tokens, g query
+# heads per KV head.
 LAYERS, CONTEXT, HKV, HD, PAGE = 2, 128, 2, 16, 32
+
+
+def _layers_module(attend):
+    """`attend` over every layer of a KV cache laid out as export/qwen3.py `write_cache` lays it:
+    forward(q [LAYERS, 1, T, Hq, HD] bf16, cache [1, LAYERS, 2, CONTEXT, HKV * HD] bf16, start [1]
+    int64, pages [P] int8) -> [LAYERS, 1, T, Hq * HD], reading P * PAGE cache rows with the causal
+    mask of tokens at start.. (bench/attention_bench.py builds the same at the 8B sizes)."""
+    import torch
+    from torch import nn
+
+    class Layers(nn.Module):
+        def forward(self, q, cache, start, pages):
+            read_len = pages.shape[0] * PAGE
+            positions = start[:, None] + torch.arange(q.shape[2], dtype=torch.int64)
+            visible = torch.arange(read_len, dtype=torch.int64)[None, None, :] <= positions[:, :, None]
+            outs = []
+            for layer in range(LAYERS):
+                k = cache[:, layer, 0, :read_len].view(1, read_len, HKV, HD)
+                v = cache[:, layer, 1, :read_len].view(1, read_len, HKV, HD)
+                outs.append(attend(q[layer], k, v, visible))
+            return torch.stack(outs)
+
+    return Layers()
 
 
 def _export(tmp_path, T: int, g: int):
@@ -69,13 +89,10 @@ def _export(tmp_path, T: int, g: int):
     aot = pytest.importorskip("iree.turbine.aot")
     from dflash_iree.export.qwen3 import attend
 
-    spec = importlib.util.spec_from_file_location("attention_bench", ROOT / "bench" / "attention_bench.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     q = torch.zeros(LAYERS, 1, T, HKV * g, HD, dtype=torch.bfloat16)
     cache = torch.zeros(1, LAYERS, 2, CONTEXT, HKV * HD, dtype=torch.bfloat16)
     pages = torch.export.Dim("P", min=1, max=CONTEXT // PAGE)
-    module = bench.layers_module(attend, LAYERS, HKV, HD, PAGE)
+    module = _layers_module(attend)
     out = aot.export(module, args=(q, cache, torch.tensor([5]), torch.zeros(2, dtype=torch.int8)),
                      dynamic_shapes={"q": None, "cache": None, "start": None, "pages": {0: pages}})
     path = tmp_path / f"attn-t{T}.mlir"

@@ -1,6 +1,6 @@
 """The head norm + rope dispatch (kernels/norm_rope_*): objects, MLIR, refusals, the custom op of the
 export and its splice. The kernel runs only on a GPU: its bit parity with the eager ops is
-bench/norm_rope_check.py on the H200 (bench/results/norm_rope_h200.json)."""
+bench/norm_rope_check.py on the H200 (experiments/2026-11-30-norm-rope/)."""
 
 from __future__ import annotations
 

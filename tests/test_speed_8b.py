@@ -1,45 +1,42 @@
-"""bench/speed_8b.py's report: ratios and goals derived from the committed H200 results (no GPU needed)."""
+"""The 8B speed benchmark's report (runtime/speed_report.py, which bench/speed_8b.py writes its
+results with): ratios and goals derived from committed H200 results (no GPU needed)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
+
+import pytest
+
+from dflash_iree.runtime import speed_report as sr
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _module():
-    spec = importlib.util.spec_from_file_location("speed_8b", ROOT / "bench" / "speed_8b.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_committed_h200_results_derive_the_reported_ratios():
-    sb = _module()
-    r = json.loads((ROOT / "bench" / "results" / "speed_8b_h200.json").read_text())
+@pytest.mark.parametrize("result", ["2026-11-30-o3/speed_8b_h200.json",  # before decode_ahead
+                                    "2026-12-01-decode-dispatches/speed_8b_h200_pairs_peers.json"])
+def test_committed_h200_results_derive_the_reported_ratios(result):
+    r = json.loads((ROOT / "experiments" / result).read_text())
     stored = r["derived"]
-    sb._derive(r)
+    sr.derive(r)
     assert r["derived"] == stored and r["verify_decode_ratio"] == stored["verify_decode_ratio"]
     b16 = r["iree"]["b16"]
     ratio = b16["verify"]["median_ms"] / b16["decode"]["median_ms"]
     assert abs(ratio - r["verify_decode_ratio"]) < 1e-3
-    table = sb.format_table(r)
+    table = sr.format_table(r)
     for goal in ("plain decode bandwidth", "verify(16) / decode", "draft / verify", "torch reduce-overhead"):
         assert goal in table
 
 
 def test_host_timeline_rows_from_a_trace():
-    """`_timeline_rows` on a made-up trace of one step: three launches joined to their kernels by
+    """`timeline_rows` on a made-up trace of one step: three launches joined to their kernels by
     correlation id; the third kernel waits for its launch, which ends after the second kernel ends."""
-    sb = _module()
     events = [{"name": "dflash_step", "ph": "X", "ts": 0, "dur": 200}]
     for i, (launch, kernel) in enumerate([(10, 30), (20, 45), (100, 110)]):
         events.append({"name": "cuLaunchKernel", "cat": "cuda_driver", "ph": "X", "ts": launch, "dur": 5,
                        "args": {"correlation": i}})
         events.append({"name": f"k{i}", "cat": "kernel", "ph": "X", "ts": kernel, "dur": 10, "args": {"correlation": i}})
-    steps, _, rows = sb._timeline_rows(events)
+    steps, _, rows = sr.timeline_rows(events)
     (row,) = rows
     assert len(steps) == 1 and row["launches"] == 3 and row["first_launch_us"] == 10
     assert row["last_launch_end_us"] == 105 and row["in_launches_us"] == 15 and row["between_launches_us"] == 80

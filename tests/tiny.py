@@ -1,4 +1,5 @@
-"""Tiny random checkpoints in the real on-disk formats, for tests.
+"""Tiny random checkpoints in the real on-disk formats, for tests (and, run as a script, for
+bench/gpu_check.py prepare).
 
 The target is written by `transformers` itself (Qwen3ForCausalLM.save_pretrained), so reading it
 tests our checkpoint reader against the reference format. The drafter is written in the published
@@ -109,3 +110,10 @@ def make_drafter(folder: Path, target_dir: Path, seed: int = 0, dtype=torch.floa
     (folder / "config.json").write_text(json.dumps(cfg, indent=1))
     save_file(drafter_tensors(cfg, seed, dtype), str(folder / "model.safetensors"))
     return folder
+
+
+if __name__ == "__main__":  # python tests/tiny.py DIR: the tiny float32 pair in DIR/target, DIR/drafter
+    import sys
+
+    out = Path(sys.argv[1])
+    make_drafter(out / "drafter", make_target(out / "target"))

@@ -17,12 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-import common  # noqa: F401  (package import shim)
+import torch
 
-import torch  # noqa: E402
-
-from dflash_iree.export.load import load_pair, load_target  # noqa: E402
-from dflash_iree.export.reference import generate_dflash, generate_plain  # noqa: E402
+from dflash_iree.export.load import load_pair, load_target
+from dflash_iree.export.reference import generate_dflash, generate_plain
 
 
 def main() -> int:

@@ -13,11 +13,11 @@ import sys
 
 from common import init_weights, parse_configs, sdpa_attend
 
-import torch  # noqa: E402
+import torch
 
-from dflash_iree.export.dflash import DFlashDrafter  # noqa: E402
-from dflash_iree.export.qwen3 import Qwen3, attend  # noqa: E402
-from drafter_forward import block_logits  # noqa: E402
+from dflash_iree.export.dflash import DFlashDrafter
+from dflash_iree.export.qwen3 import Qwen3, attend
+from drafter_forward import block_logits
 
 
 def main() -> int:

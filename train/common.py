@@ -1,50 +1,26 @@
-"""Shared pieces of the demo training: importing the modules without an install, the demo
-configs, weight init, the SDPA attention used on the GPU, and safetensors weight files.
+"""Shared pieces of the demo training: the demo configs, weight init, the optimizer, the LR schedule
+and the training loop both stages run, the SDPA attention used on the GPU, and safetensors weight
+files.
 
-Runs both here (CPU, the installed `dflash_iree` package) and on the device, where nothing is
-installed: `ensure_package()` then registers `dflash_iree` from the repo root and maps
-`dflash_iree.export` to the root folder `export/`, as pyproject's package-dir does.
+Runs here (CPU, the repo's `.venv`) and on the device, both with `dflash_iree` installed (on the
+device the wheels of bench/pack_device.py, installed by bench/on_device.sh).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+import torch
+import torch.nn.functional as F
+from torch import nn
 
-
-def ensure_package() -> None:
-    """Make `import dflash_iree.export` work from a bare checkout (the device has no install)."""
-    try:
-        import dflash_iree.export  # noqa: F401
-        return
-    except ImportError:
-        pass
-    sys.path.insert(0, str(REPO))
-    import dflash_iree
-
-    spec = importlib.util.spec_from_file_location(
-        "dflash_iree.export", REPO / "export" / "__init__.py", submodule_search_locations=[str(REPO / "export")]
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["dflash_iree.export"] = module
-    spec.loader.exec_module(module)
-    dflash_iree.export = module
-
-
-ensure_package()
-
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch import nn  # noqa: E402
-
-from dflash_iree.config import DrafterConfig, TargetConfig, load_drafter_config, load_target_config  # noqa: E402
-from dflash_iree.export import qwen3 as qwen3_module  # noqa: E402
+from dflash_iree.config import DrafterConfig, TargetConfig, load_drafter_config, load_target_config
+from dflash_iree.export import qwen3 as qwen3_module
 
 VOCAB_SIZE, EOS_ID, MASK_ID = 8192, 0, 1
 SEQ_LEN = 512  # target training context, also max_position_embeddings
@@ -141,6 +117,56 @@ def init_weights(module: nn.Module, num_layers: int, std: float = 0.02) -> None:
             nn.init.normal_(p, 0.0, std / math.sqrt(2 * num_layers))
         else:
             nn.init.normal_(p, 0.0, std)
+
+
+def adamw(module: nn.Module, lr: float, weight_decay: float, fused: bool) -> torch.optim.AdamW:
+    """AdamW (betas 0.9, 0.95) with `weight_decay` on the matrices (dim >= 2) and none on the norms."""
+    decay = [p for p in module.parameters() if p.dim() >= 2]
+    rest = [p for p in module.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0}],
+                             lr=lr, betas=(0.9, 0.95), fused=fused)
+
+
+def lr_at(step: int, steps: int, peak: float, warmup: int, floor: float = 0.1) -> float:
+    """Linear warmup, then cosine decay to floor * peak at `steps`."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    t = min(1.0, (step - warmup) / max(1, steps - warmup))
+    return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+def optimizer_step(opt: torch.optim.Optimizer, module: nn.Module, loss: torch.Tensor, lr: float) -> None:
+    """One update of `module` from `loss` at learning rate `lr`, gradients clipped to norm 1."""
+    for group in opt.param_groups:
+        group["lr"] = lr
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
+    opt.step()
+
+
+def train(first_step: int, steps: int, eval_every: int, time_limit: float, t_start: float,
+          step: Callable[[int], object], evaluate: Callable[[int, object], None], compress: bool = False) -> None:
+    """The training loop of both stages.
+
+    Per step: the schedule's clock (the step; with `compress`, the step the time budget has reached
+    when that is further, so that the LR schedule ends by `time_limit`), then `step(clock)`, one
+    update of every model, which returns its stats. Every `eval_every` steps and at the last one,
+    `evaluate(steps_done, stats)`. It stops after `steps`, when the clock reaches `steps`, or once
+    `time_limit` seconds have passed since `t_start` (time.time()).
+    """
+    t_loop = time.time()
+    budget = time_limit - (t_loop - t_start)
+    for i in range(first_step, steps):
+        clock = i
+        if compress:
+            clock = max(i, first_step + int((time.time() - t_loop) / budget * (steps - first_step)))
+        stats = step(clock)
+        last = i + 1 == steps or clock + 1 >= steps or time.time() - t_start > time_limit
+        if (i + 1) % eval_every == 0 or last:
+            evaluate(i + 1, stats)
+        if last:
+            break
 
 
 CAUSAL_HINT = False  # set by use_sdpa(causal_hint=True) in the target trainer

@@ -14,14 +14,12 @@ runs A blocks per sequence at once from the same submodules (fc, hidden_norm, la
 
 from __future__ import annotations
 
-import common  # noqa: F401  (package import shim)
+import torch
+import torch.nn.functional as F
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from dflash_iree.export import qwen3 as qwen3_module  # noqa: E402
-from dflash_iree.export.dflash import DFlashDrafter  # noqa: E402
-from dflash_iree.export.qwen3 import Qwen3, rope_tables  # noqa: E402
+from dflash_iree.export import qwen3 as qwen3_module
+from dflash_iree.export.dflash import DFlashDrafter
+from dflash_iree.export.qwen3 import Qwen3, rope_tables
 
 
 def block_logits(drafter: DFlashDrafter, target: Qwen3, taps: torch.Tensor, seq: torch.Tensor,

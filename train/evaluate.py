@@ -23,14 +23,12 @@ from pathlib import Path
 
 import numpy as np
 
-import common  # noqa: F401  (package import shim)
+import torch
+import torch.nn.functional as F
+from tokenizers import Tokenizer
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from tokenizers import Tokenizer  # noqa: E402
-
-from dflash_iree.export.load import load_pair, load_target  # noqa: E402
-from dflash_iree.export.reference import generate_dflash, generate_plain  # noqa: E402
+from dflash_iree.export.load import load_pair, load_target
+from dflash_iree.export.reference import generate_dflash, generate_plain
 
 
 @torch.no_grad()

@@ -22,20 +22,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from pathlib import Path
 
-from common import (EOS_ID, TAP_LAYERS, file_metadata, init_weights, load_tensors, param_state, parse_configs,
-                    save_sharded, use_sdpa)
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+from dflash_iree.export.dflash import DFlashDrafter
+from dflash_iree.export.qwen3 import Qwen3
 
-from dflash_iree.export.dflash import DFlashDrafter  # noqa: E402
-from dflash_iree.export.qwen3 import Qwen3  # noqa: E402
-from drafter_forward import block_logits, block_loss  # noqa: E402
-from train_target import lr_at  # noqa: E402
+from common import (EOS_ID, TAP_LAYERS, adamw, file_metadata, init_weights, load_tensors, lr_at, optimizer_step,
+                    param_state, parse_configs, save_sharded, train, use_sdpa)
+from drafter_forward import block_logits, block_loss
 
 # Position weight exp(-(k-1)/gamma): about the chance that position k is reached at all when
 # each draft is accepted with probability ~0.8 (0.8**(k-1) = exp(-(k-1)/4.5)).
@@ -217,11 +215,7 @@ def main() -> None:
             folder = Path(args.resume) / f"drafter-b{B}"
             d.load_state_dict({k: v.float() for k, v in load_tensors(folder).items()}, strict=False)
             first_step = int(file_metadata(folder).get("step", 0))
-        decay = [p for p in d.parameters() if p.dim() >= 2]
-        rest = [p for p in d.parameters() if p.dim() < 2]
-        opts[B] = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
-                                     {"params": rest, "weight_decay": 0.0}],
-                                    lr=args.lr, betas=(0.9, 0.95), fused=amp)
+        opts[B] = adamw(d, args.lr, args.weight_decay, fused=amp)
         drafters[B] = d
     log["drafter_params"] = sum(p.numel() for p in drafters[blocks[0]].parameters())
 
@@ -229,43 +223,38 @@ def main() -> None:
     n_eval = held["seq"].shape[0]
     eval_anchors = sample_anchors(held["prompt_len"][:n_eval], held["valid_len"][:n_eval], 8, eval_gen)
     t_loop = time.time()
-    budget = args.time_limit - (t_loop - t_start)
-    for step in range(first_step, args.steps):
-        # the schedule's clock: steps, or the time budget when that runs out first
-        clock = max(step, first_step + int((time.time() - t_loop) / budget * (args.steps - first_step)))
+
+    def step(clock: int) -> dict:
         idx = torch.randint(0, args.pool, (args.batch,), generator=gen, device=device)
         stats = {}
         for B in blocks:
-            for group in opts[B].param_groups:
-                group["lr"] = lr_at(clock, args.steps, args.lr, args.warmup)
             anchors = sample_anchors(pool["prompt_len"][idx], pool["valid_len"][idx], args.anchors, gen)
             loss, st = run_blocks(drafters[B], target, pool, taps, idx, anchors, B, amp)
-            opts[B].zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(drafters[B].parameters(), 1.0)
-            opts[B].step()
+            optimizer_step(opts[B], drafters[B], loss, lr_at(clock, args.steps, args.lr, args.warmup))
             stats[B] = (loss.detach(), st["tau"])
-        last = step + 1 == args.steps or clock + 1 >= args.steps or time.time() - t_start > args.time_limit
-        if (step + 1) % args.eval_every == 0 or last:
-            entry = {"step": step + 1, "elapsed_s": round(time.time() - t_start, 1),
-                     "s_per_step": round((time.time() - t_loop) / (step + 1 - first_step), 4)}
-            for B in blocks:
-                d = drafters[B].eval()
-                with torch.no_grad():
-                    idx_e = torch.arange(n_eval, device=device)
-                    hl, hs = run_blocks(d, target, held, held_taps, idx_e, eval_anchors, B, amp)
-                d.train()
-                entry[f"b{B}"] = {"train_loss": round(float(stats[B][0]), 4), "train_tau": round(float(stats[B][1]), 3),
-                                  "heldout_loss": round(float(hl), 4), "heldout_tau": round(float(hs["tau"]), 3),
-                                  "heldout_acc": [round(a, 3) for a in hs["acc"].tolist()]}
-                save_sharded(param_state(d), out / f"drafter-b{B}",
-                             metadata={"step": step + 1, "seed": args.seed, "heldout_tau_est": float(hs["tau"])})
-            log["evals"].append(entry)
-            log.update(last_step=step + 1, wall_s=round(time.time() - t_start, 1))
-            (out / "drafter_log.json").write_text(json.dumps(log, indent=1) + "\n")
-            print(json.dumps(entry), flush=True)
-        if last:
-            break
+        return stats
+
+    def evaluate(done: int, stats: dict) -> None:
+        entry = {"step": done, "elapsed_s": round(time.time() - t_start, 1),
+                 "s_per_step": round((time.time() - t_loop) / (done - first_step), 4)}
+        for B in blocks:
+            d = drafters[B].eval()
+            with torch.no_grad():
+                idx_e = torch.arange(n_eval, device=device)
+                hl, hs = run_blocks(d, target, held, held_taps, idx_e, eval_anchors, B, amp)
+            d.train()
+            entry[f"b{B}"] = {"train_loss": round(float(stats[B][0]), 4), "train_tau": round(float(stats[B][1]), 3),
+                              "heldout_loss": round(float(hl), 4), "heldout_tau": round(float(hs["tau"]), 3),
+                              "heldout_acc": [round(a, 3) for a in hs["acc"].tolist()]}
+            save_sharded(param_state(d), out / f"drafter-b{B}",
+                         metadata={"step": done, "seed": args.seed, "heldout_tau_est": float(hs["tau"])})
+        log["evals"].append(entry)
+        log.update(last_step=done, wall_s=round(time.time() - t_start, 1))
+        (out / "drafter_log.json").write_text(json.dumps(log, indent=1) + "\n")
+        print(json.dumps(entry), flush=True)
+
+    # the schedule compresses to end within --time-limit when that comes before --steps
+    train(first_step, args.steps, args.eval_every, args.time_limit, t_start, step, evaluate, compress=True)
     print(f"done in {time.time() - t_start:.0f}s", flush=True)
 
 

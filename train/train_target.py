@@ -20,14 +20,13 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
+import torch.nn.functional as F
 
-from common import (SEQ_LEN, file_metadata, init_weights, load_tensors, param_state, parse_configs,
-                    save_sharded, use_sdpa)
+from dflash_iree.export.qwen3 import Qwen3
 
-import torch  # noqa: E402  (after common: it sets up the package import)
-import torch.nn.functional as F  # noqa: E402
-
-from dflash_iree.export.qwen3 import Qwen3  # noqa: E402
+from common import (SEQ_LEN, adamw, file_metadata, init_weights, load_tensors, lr_at, optimizer_step, param_state,
+                    parse_configs, save_sharded, train, use_sdpa)
 
 
 def load_stream(path: Path, device) -> torch.Tensor:
@@ -66,14 +65,6 @@ def heldout_loss(model: Qwen3, data: torch.Tensor, seq: int, batch: int, amp: bo
     return total / count
 
 
-def lr_at(step: int, steps: int, peak: float, warmup: int, floor: float = 0.1) -> float:
-    """Linear warmup, then cosine decay to floor * peak at `steps`."""
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    t = min(1.0, (step - warmup) / max(1, steps - warmup))
-    return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * t)))
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description="train the demo Qwen3 target")
     ap.add_argument("--data", default=".train-data")
@@ -108,51 +99,41 @@ def main() -> None:
         first_step = int(file_metadata(Path(args.resume)).get("step", 0))
     n_params = sum(p.numel() for p in model.parameters())
 
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.95), fused=device.type == "cuda")
-    train = load_stream(Path(args.data) / "train.bin", device)
+    opt = adamw(model, args.lr, args.weight_decay, fused=device.type == "cuda")
+    train_stream = load_stream(Path(args.data) / "train.bin", device)
     held = load_stream(Path(args.data) / "heldout.bin", device)
     gen = torch.Generator(device=device).manual_seed(args.seed * 1000 + first_step)
 
     out = Path(args.out)
     log_path = Path(args.log) if args.log else out.parent / "target_log.json"
-    log = {"args": vars(args), "params": n_params, "train_tokens": train.numel(), "heldout_tokens": held.numel(),
+    log = {"args": vars(args), "params": n_params, "train_tokens": train_stream.numel(), "heldout_tokens": held.numel(),
            "device": torch.cuda.get_device_name() if amp else "cpu", "evals": [], "first_step": first_step}
-    best = (float("inf"), -1)
+    best = [float("inf"), -1]
     t_loop = time.time()
-    step = first_step
-    for step in range(first_step, args.steps):
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
-        x, y = random_windows(train, args.batch, SEQ_LEN, gen)
+
+    def step(clock: int) -> torch.Tensor:
+        x, y = random_windows(train_stream, args.batch, SEQ_LEN, gen)
         loss = lm_loss(model, x, y, amp)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        last = step + 1 == args.steps or time.time() - t_start > args.time_limit
-        if (step + 1) % args.eval_every == 0 or last:
-            model.eval()
-            h = heldout_loss(model, held, SEQ_LEN, args.batch, amp, args.heldout_windows)
-            model.train()
-            elapsed = time.time() - t_loop
-            tok_s = (step + 1 - first_step) * args.batch * SEQ_LEN / elapsed
-            entry = {"step": step + 1, "train_loss": round(float(loss.detach()), 4), "heldout_loss": round(h, 4),
-                     "epochs": round((step + 1) * args.batch * SEQ_LEN / train.numel(), 2),
-                     "tok_per_s": int(tok_s), "elapsed_s": round(time.time() - t_start, 1)}
-            log["evals"].append(entry)
-            print(json.dumps(entry), flush=True)
-            if h < best[0]:
-                best = (h, step + 1)
-                save_sharded(param_state(model), out, metadata={"step": step + 1, "heldout_loss": h, "seed": args.seed})
-            log.update(best_heldout_loss=best[0], best_step=best[1], last_step=step + 1,
-                       wall_s=round(time.time() - t_start, 1))
-            log_path.write_text(json.dumps(log, indent=1) + "\n")
-        if last:
-            break
+        optimizer_step(opt, model, loss, lr_at(clock, args.steps, args.lr, args.warmup))
+        return loss
+
+    def evaluate(done: int, loss: torch.Tensor) -> None:
+        model.eval()
+        h = heldout_loss(model, held, SEQ_LEN, args.batch, amp, args.heldout_windows)
+        model.train()
+        tok_s = (done - first_step) * args.batch * SEQ_LEN / (time.time() - t_loop)
+        entry = {"step": done, "train_loss": round(float(loss.detach()), 4), "heldout_loss": round(h, 4),
+                 "epochs": round(done * args.batch * SEQ_LEN / train_stream.numel(), 2),
+                 "tok_per_s": int(tok_s), "elapsed_s": round(time.time() - t_start, 1)}
+        log["evals"].append(entry)
+        print(json.dumps(entry), flush=True)
+        if h < best[0]:
+            best[:] = [h, done]
+            save_sharded(param_state(model), out, metadata={"step": done, "heldout_loss": h, "seed": args.seed})
+        log.update(best_heldout_loss=best[0], best_step=best[1], last_step=done, wall_s=round(time.time() - t_start, 1))
+        log_path.write_text(json.dumps(log, indent=1) + "\n")
+
+    train(first_step, args.steps, args.eval_every, args.time_limit, t_start, step, evaluate)
     print(f"best held-out loss {best[0]:.4f} (ppl {math.exp(best[0]):.2f}) at step {best[1]}; "
           f"{time.time() - t_start:.0f}s", flush=True)
 

@@ -1,13 +1,13 @@
 """How IREE's own lowering splits Qwen3's q_norm + rope: a one-layer probe, compiled to the flow phase for sm_80.
 
-    python bench/probe_norm_rope_fusion.py      # prints the dispatches per flag set
+    python experiments/2026-11-30-norm-rope/probe_norm_rope_fusion.py     # prints the dispatches per flag set
 
 The probe is a q projection (4096 -> 32 heads x 128, bf16) viewed as heads, export/qwen3.py's
 `rms_norm` and `apply_rope`, exported with iree-turbine and compiled with the GPU flags of
 `make compile` plus each of IREE's dispatch-creation / global-optimization fusion switches. It is
 what motivated kernels/norm_rope_*: after the matvec the norm + rope takes five dispatches, four with
 `--iree-dispatch-creation-enable-early-trunc-fusion`, five with every other switch
-(bench/results/probe_norm_rope_fusion_sm_80.txt; docs/performance.md, "Fewer dispatches").
+(probe_norm_rope_fusion_sm_80.txt beside it; docs/architecture.md, "Head norm + rope").
 """
 
 from __future__ import annotations

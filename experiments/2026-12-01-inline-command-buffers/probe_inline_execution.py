@@ -1,6 +1,6 @@
 """Inline command buffers on CUDA: a measured lever that did not pay (kept to reproduce it).
 
-    python bench/probe_inline_execution.py --blocks 16    # here: .gpu/8b-b16inl-sm_80
+    python experiments/2026-12-01-inline-command-buffers/probe_inline_execution.py --blocks 16    # here: .gpu/8b-b16inl-sm_80
     # on the H200, side by side with the normal build:
     python3 bench/speed_8b.py run --no-peers --blocks 16 --json A.json
     python3 bench/speed_8b.py run --no-peers --blocks 16 --variant inl \\
@@ -17,7 +17,7 @@ CUDA HAL only because its `queue_alloca` blocks the host until the allocation's 
 (runtime/src/iree/hal/drivers/cuda/cuda_device.c); on the local-task HAL, whose allocations are
 asynchronous, the same module fails ("transient buffer has not been committed").
 
-Result (docs/performance.md, "Host time of a step"; bench/results/speed_8b_h200_inline*.json): the
+Result (docs/architecture.md, "Host time of a step"; speed_8b_h200_inline*.json beside it): the
 tiny and demo pairs stay exact on the H200, and nothing got faster: the host's time a step, which
 is what bounds it, did not change.
 """
@@ -31,7 +31,7 @@ import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
 

@@ -1,9 +1,9 @@
 """The demo pair on a GPU: plain decoding against drafted, with a round as two calls (`draft`, then
 `verify`) and as one (`verify_draft`), for the GEMM splice as `make compile` does it and two variants.
 
-    python bench/demo_rounds.py prepare --arch sm_80             # here: .gpu/demo-VARIANT-sm_80
-    PYTHONPATH=. python bench/demo_rounds.py run --json OUT      # on the GPU machine
-    python bench/demo_rounds.py report OUT                       # here: the table
+    python experiments/2026-11-30-one-call-rounds/demo_rounds.py prepare --arch sm_80             # here: .gpu/demo-VARIANT-sm_80
+    bash bench/on_device.sh python3 experiments/2026-11-30-one-call-rounds/demo_rounds.py run --json OUT   # there
+    python experiments/2026-11-30-one-call-rounds/demo_rounds.py report OUT                       # here: the table
 
 `prepare --attention fused|matmul` builds the variants with that attention form (export/qwen3.py
 `attend` / `attend_matmul`) in place of the arch's own (folders `demo-VARIANT-ATTENTION-ARCH`,
@@ -34,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WORK = ROOT / ".gpu"
 ARMS = ("plain", "two_calls", "fused")
 

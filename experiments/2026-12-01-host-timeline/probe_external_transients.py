@@ -1,5 +1,5 @@
 """Probe: can the pinned compiler give a step's transients to the caller, so the step's call returns
-before its work is done? (docs/performance.md, "Where the host time of a step goes".)
+before its work is done? (docs/architecture.md, "Where a step's time goes".)
 
 On the pinned CUDA HAL a step's `$async` call blocks the host twice: its queue allocation waits on
 the host for the call's wait fence, and the deallocation of its transients at the end waits for the
@@ -10,7 +10,7 @@ mutable module global written in place, a token written into a caller's buffer) 
 entry points, compiles each for the host CPU with and without the flag, and counts the queue
 allocations left in each `$async` function's VM code.
 
-    python bench/probe_external_transients.py [--json bench/results/probe_external_transients.json]
+    python experiments/2026-12-01-host-timeline/probe_external_transients.py [--json OUT]
 
 Runs on the CPU in about a minute; needs the compile extra (torch, iree-turbine, iree-base-compiler).
 """
@@ -25,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FLAG = "--iree-torch-externalize-transients"
 HOST = ["--iree-hal-target-device=local", "--iree-hal-local-target-device-backends=llvm-cpu",
         "--iree-llvmcpu-target-cpu=host"]
@@ -90,7 +90,7 @@ def probe(names: list[str], flag: bool, work: Path) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--json", default=str(ROOT / "bench" / "results" / "probe_external_transients.json"))
+    ap.add_argument("--json", default=str(Path(__file__).with_name("probe_external_transients.json")))
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         rows = [probe(names, flag, Path(tmp)) for names in (["a"], ["a", "b"]) for flag in (False, True)]
