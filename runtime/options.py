@@ -22,8 +22,12 @@ class GenerateOptions:
     num_speculative_tokens: draft tokens verified per round, 1..block_size-1; None: all.
     stop: a stop string or token id, or a list of them (eos ids always stop).
     draft_top_k: k > 0 also returns, per round, the drafter's k best ids and their log-probs at
-        every drafted position (GenerationResult.draft_top_k); 1..K of the artifacts.
-    exact: plain decoding through the verify graph, bit-equal to drafted decoding in any dtype.
+        every drafted position, from the compiled top-K dispatch (GenerationResult.draft_top_k, see
+        DraftTopK); 1..K of the artifacts (`dflash-iree compile --draft-top-k K`, manifest
+        `draft_top_k`). Drafting itself is unchanged (the same draft ids, hence the same tokens).
+    exact: plain decoding through the verify graph (`verify_draft`'s when rounds are one call and
+        the artifacts have it, else `verify`'s), so that drafted == plain holds bit for bit even in
+        bf16 on a GPU.
     enable_thinking: passed to the chat template (off: drafters are trained without it).
 
     Raises (on construction):
