@@ -106,26 +106,3 @@ def tau_histogram(accepted: Sequence[int], block_size: int) -> list[int]:
         hist[a] += 1
     return hist
 
-
-class RoundStats:
-    """Per-round statistics of a generation; mixed into the result types of every decoder.
-
-    Expects `accepted` (draft tokens kept per round) and `block_size` attributes.
-    """
-
-    accepted: list[int]
-    block_size: int
-
-    @property
-    def tau(self) -> list[int]:
-        """Acceptance length per round: accepted + 1 (the bonus token counted)."""
-        return [a + 1 for a in self.accepted]
-
-    @property
-    def tau_mean(self) -> float:
-        return sum(self.tau) / len(self.tau) if self.tau else 0.0
-
-    @property
-    def histogram(self) -> list[int]:
-        """Rounds per tau = 1..block_size (empty for plain decoding)."""
-        return tau_histogram(self.accepted, self.block_size) if self.accepted else []

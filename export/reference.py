@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
-from dflash_iree.acceptance import RoundStats, accept_length, check_fits, commit_round
+from dflash_iree.acceptance import accept_length, check_fits, commit_round
 from dflash_iree.errors import DFlashError
+from dflash_iree.generation import GenerationResult
 
 from .dflash import DFlashDrafter
 from .qwen3 import Qwen3
@@ -54,23 +55,6 @@ class SamplingConfig:
             torch.tensor([self.top_p], dtype=torch.float32),
             torch.tensor([self.seed], dtype=torch.int64),
         )
-
-
-@dataclass
-class Generation(RoundStats):
-    """Result of one request.
-
-    tokens: the new token ids (stop token included when one ended generation).
-    accepted: per round, the draft tokens kept (0..block_size-1); empty for plain decoding.
-    block_size: verify block size used (1 for plain).
-    ttft_ms: prefill wall time in ms; decode_s: time after the first token in seconds.
-    """
-
-    tokens: list[int]
-    accepted: list[int] = field(default_factory=list)
-    block_size: int = 1
-    ttft_ms: float = 0.0
-    decode_s: float = 0.0
 
 
 class Proposer(Protocol):
@@ -118,7 +102,7 @@ def _stop_set(target: Qwen3, stop_ids: Sequence[int]) -> frozenset[int]:
 
 @torch.no_grad()
 def generate_plain(target: Qwen3, prompt: Sequence[int], max_new_tokens: int,
-                   sampling: SamplingConfig = SamplingConfig(), stop_ids: Sequence[int] = ()) -> Generation:
+                   sampling: SamplingConfig = SamplingConfig(), stop_ids: Sequence[int] = ()) -> GenerationResult:
     """Plain decoding: prefill, then one target step per token.
 
     Stops after a token in eos_token_ids or stop_ids (kept), or after max_new_tokens.
@@ -135,14 +119,14 @@ def generate_plain(target: Qwen3, prompt: Sequence[int], max_new_tokens: int,
     while len(out) < max_new_tokens and out[-1] not in stops:
         chosen, _, _ = _step(target, [out[-1]], len(prompt) + len(out) - 1, s)
         out.append(int(chosen[0, -1]))
-    return Generation(out, [], 1, (t1 - t0) * 1e3, time.perf_counter() - t1)
+    return GenerationResult(out, ttft_ms=(t1 - t0) * 1e3, decode_s=time.perf_counter() - t1)
 
 
 @torch.no_grad()
 def generate_dflash(target: Qwen3, proposer: Proposer | DFlashDrafter, prompt: Sequence[int], max_new_tokens: int,
                     sampling: SamplingConfig = SamplingConfig(), stop_ids: Sequence[int] = (),
                     num_speculative_tokens: int | None = None,
-                    accept: Callable[[Sequence[int], Sequence[int]], int] = accept_length) -> Generation:
+                    accept: Callable[[Sequence[int], Sequence[int]], int] = accept_length) -> GenerationResult:
     """DFlash decoding: prefill; then per round draft, verify the block as a chain, accept, roll back.
 
     Args:
@@ -156,7 +140,7 @@ def generate_dflash(target: Qwen3, proposer: Proposer | DFlashDrafter, prompt: S
         accept: the acceptance rule; tests pass a deliberately broken one as a planted control.
 
     Returns:
-        Generation with per-round accepted counts.
+        GenerationResult with per-round accepted counts (text None: the reference works on ids).
 
     Raises:
         DFlashError: num_speculative_tokens out of range, or the request does not fit max_context.
@@ -194,7 +178,8 @@ def generate_dflash(target: Qwen3, proposer: Proposer | DFlashDrafter, prompt: S
         accepted_per_round.append(r.accepted)
         new_taps, ctx_start = taps[:, : len(r.tokens)], start
         done = r.done
-    return Generation(tokens[len(prompt):], accepted_per_round, n + 1, (t1 - t0) * 1e3, time.perf_counter() - t1)
+    return GenerationResult(tokens[len(prompt):], accepted=accepted_per_round, block_size=n + 1,
+                            ttft_ms=(t1 - t0) * 1e3, decode_s=time.perf_counter() - t1)
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:

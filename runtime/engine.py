@@ -1,5 +1,10 @@
 """The Engine: compiled target and drafter on an IREE device, plain and DFlash decoding.
 
+Layout: `Engine` (this file) loads the artifacts, checks a request's options against them and runs
+its steps; `GenerateOptions` (runtime/options.py) holds what a caller may ask, the defaults in one
+place; `Request` (runtime/request.py) is one request's state; runtime/decode.py holds the steps:
+prefill, plain steps, one speculative round (draft -> verify -> accept -> commit), the stop check.
+
 What crosses between host and device, per request:
 - in: the prompt ids once; per call a few int64 scalars per stream (start, counts, the anchor),
   the block's token ids, and an int8 `pages` vector whose length (not contents) bounds how many
@@ -12,95 +17,47 @@ to the next `draft` call as device arrays.
 
 Each round runs draft -> verify -> accept -> roll back by length. Acceptance is the pure host
 function of dflash_iree/acceptance.py, the same one the eager reference uses, so a scripted
-drafter and the planted control run through this compiled path too. By default a round is one
-call, `verify_draft` (verify, the acceptance count on the device, the next draft): a small model's
-step costs calls, not bytes (docs/benchmarks.md). The host still applies its own rule to the
-returned tokens and uses the device's next draft only when the device accepted the same rows;
-otherwise (normally never: a custom `accept` can cause it, and `redrafts` counts it) it drafts
-again with a separate call. The KV caches live inside
-the compiled module; rollback is the host's committed length, and a new request simply starts
-writing at position 0 again. Plain decoding (`speculative=False`, not `exact`) queues each step before
-the host has the previous token (CompiledPair.decode_ahead), which stops at most one step late.
+drafter and the planted control run through this compiled path too (`Engine.with_seams`). By
+default a round is one call, `verify_draft` (verify, the acceptance count on the device, the next
+draft): a small model's step costs calls, not bytes (docs/benchmarks.md). The host still applies its
+own rule to the returned tokens and uses the device's next draft only when the device accepted the
+same rows; otherwise (normally never: a custom acceptance rule can cause it, and `redrafts` counts
+it) it drafts again with a separate call. The KV caches live inside the compiled module; rollback is
+the host's committed length, and a new request simply starts writing at position 0 again. Plain
+decoding (`speculative=False`, not `exact`) queues each step before the host has the previous token
+(CompiledPair.decode_ahead), which stops at most one step late.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import numbers
-import time
-from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass, field
-from typing import NamedTuple
+from collections.abc import Generator
 
-from dflash_iree.acceptance import RoundStats, accept_length, check_fits, commit_round
+from dflash_iree.acceptance import check_fits
 from dflash_iree.errors import DFlashError
+from dflash_iree.generation import DraftTopK, GenerationResult
 
+from . import decode
 from .artifacts import Artifacts, open_device
-from .text import StreamDecoder, TextCodec, find_stop
+from .options import GenerateOptions, Seams
+from .request import Request, StopRule
+from .text import StreamDecoder, TextCodec
 
-
-class DraftTopK(NamedTuple):
-    """The drafter's top-k at the drafted positions of one round (`generate(..., draft_top_k=k)`).
-
-    ids: one list of k token ids per draft token of the round (row i: block position i + 1, the
-        position of draft token i), best first: descending drafter logit, equal logits by lower id,
-        so ids[i][0] is draft token i. `accepted` of the same round says how many rows were kept.
-    logprobs: the matching log-probabilities, log_softmax(drafter logits / T) at those ids, with T
-        the request's temperature when it samples (> 0) and 1 when it is greedy (the drafter's own
-        distribution). top_k / top_p are not applied.
-    """
-
-    ids: list[list[int]]
-    logprobs: list[list[float]]
-
-    def to_dict(self) -> dict:
-        return {"ids": self.ids, "logprobs": self.logprobs}
-
-
-@dataclass
-class GenerationResult(RoundStats):
-    """What `Engine.generate` returns.
-
-    tokens: new token ids (a stop token that ended generation is included).
-    text: their text, cut before a stop string when one ended generation (None without a tokenizer).
-    accepted: per round, draft tokens kept (0..block_size-1); empty for plain decoding.
-    block_size: verify block size of the request (num_speculative_tokens + 1; 1 for plain).
-    ttft_ms: time to first token in ms (prefill and its token to the host).
-    decode_s: seconds from the first token to the last.
-    draft_top_k: with draft_top_k = k > 0, a DraftTopK per round (the same rounds as `accepted`):
-        ids and log-probs [n_drafted][k], n_drafted = num_speculative_tokens; empty otherwise.
-    redrafts: rounds of `verify_draft` whose device draft was dropped because the host committed
-        a different number of rows than the device accepted (0 with the built-in rule).
-    """
-
-    tokens: list[int]
-    text: str | None
-    accepted: list[int] = field(default_factory=list)
-    block_size: int = 1
-    ttft_ms: float = 0.0
-    decode_s: float = 0.0
-    draft_top_k: list[DraftTopK] = field(default_factory=list)
-    redrafts: int = 0
-
-    @property
-    def decode_tok_s(self) -> float:
-        """Tokens per second after the first token."""
-        return (len(self.tokens) - 1) / self.decode_s if self.decode_s > 0 and len(self.tokens) > 1 else 0.0
-
-    def stats(self) -> dict:
-        return {"accepted": self.accepted, "tau": self.tau, "tau_mean": self.tau_mean, "histogram": self.histogram,
-                "block_size": self.block_size, "ttft_ms": self.ttft_ms, "decode_tok_s": self.decode_tok_s,
-                "new_tokens": len(self.tokens), "redrafts": self.redrafts}
+__all__ = ["DraftTopK", "Engine", "GenerateOptions", "GenerationResult", "Seams"]
 
 
 class Engine:
     """A loaded artifact folder with its checkpoints bound, ready to generate.
 
     Use `Engine.load(...)`; then `generate(...)` or `stream(...)` as often as you like: every
-    request starts from position 0, so results do not depend on earlier requests.
+    request starts from position 0, so results do not depend on earlier requests. `seams` (tests
+    only, see Seams and `with_seams`) changes how the loop runs, never what a request asks.
     """
 
-    def __init__(self, artifacts: Artifacts, module, codec: TextCodec | None):
-        self.artifacts, self.module, self.codec = artifacts, module, codec
+    def __init__(self, artifacts: Artifacts, module, codec: TextCodec | None, seams: Seams = Seams()):
+        self.artifacts, self.module, self.codec, self.seams = artifacts, module, codec, seams
         self.block_size = artifacts.block_size
         self.max_context = artifacts.max_context
         self.eos_ids = frozenset(artifacts.eos_token_ids)
@@ -175,159 +132,101 @@ class Engine:
             raise DFlashError("draft_top_k comes from the compiled drafter; it cannot be used with a proposer")
         return k
 
-    def _split_stops(self, stop) -> tuple[frozenset[int], list[str]]:
+    def _stop_rule(self, stop, max_new_tokens: int) -> StopRule:
+        """The eos ids, `stop`'s ids and strings (one, or a list), and the budget."""
         items = [stop] if isinstance(stop, (str, int)) else list(stop or [])
-        strings = [s for s in items if isinstance(s, str)]
+        strings = tuple(s for s in items if isinstance(s, str))
         if strings and self.codec is None:
             raise DFlashError("stop strings need the target's tokenizer.json; pass stop token ids instead")
-        return self.eos_ids | {int(s) for s in items if not isinstance(s, str)}, strings
+        return StopRule(self.eos_ids | {int(s) for s in items if not isinstance(s, str)}, strings, max_new_tokens,
+                        self.codec)
+
+    def with_seams(self, **seams) -> "Engine":
+        """This Engine (the same module, artifacts and tokenizer) with some Seams replaced, for tests:
+        `engine.with_seams(accept=broken_accept).generate(...)`. The Engine itself is unchanged.
+
+        Raises:
+            TypeError: a keyword that is not a Seams field.
+        """
+        twin = copy.copy(self)
+        twin.seams = dataclasses.replace(self.seams, **seams)
+        return twin
 
     # -- decoding ---------------------------------------------------------------------------
 
-    def generate(self, prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_k: int = 0,
-                 top_p: float = 1.0, seed: int = 0, speculative: bool = True, num_speculative_tokens: int | None = None,
-                 stop=None, draft_top_k: int = 0, exact: bool = False, enable_thinking: bool = False,
-                 accept: Callable[[Sequence[int], Sequence[int]], int] = accept_length, proposer=None,
-                 fused_round: bool = True) -> GenerationResult:
+    def generate(self, prompt, max_new_tokens: int | None = None, *, options: GenerateOptions | None = None,
+                 **kw) -> GenerationResult:
         """Generate a completion, plain or with DFlash drafting; both give the same tokens.
 
         Args:
             prompt: text, token ids, or chat messages (rendered with the chat template).
-            max_new_tokens: budget of new tokens.
-            temperature, top_k, top_p, seed: 0 temperature is greedy; otherwise a sample keyed by
-                (seed, position), identical in plain and drafted decoding.
-            speculative: False for plain decoding.
-            num_speculative_tokens: draft tokens verified per round, 1..block_size-1 (default all).
-            stop: stop strings and/or token ids (eos ids always stop).
-            draft_top_k: k > 0 also returns, per round, the drafter's k best ids and their
-                log-probs at every drafted position, from the compiled top-K dispatch
-                (`GenerationResult.draft_top_k`, see DraftTopK); 1..K of the artifacts
-                (`dflash-iree compile --draft-top-k K`, manifest `draft_top_k`). Drafting itself
-                is unchanged (the same draft ids, hence the same tokens).
-            exact: plain decoding through the verify graph (`verify_draft`'s when fused_round and
-                the artifacts have it, else `verify`'s), so that drafted == plain holds bit for bit
-                even in bf16 on a GPU.
-            enable_thinking: passed to the chat template (off: drafters are trained without it).
-            accept: the acceptance rule (tests pass a broken one as a planted control).
-            proposer: a stand-in drafter with the eager reference's Proposer interface
-                (`begin(taps)`, `propose(tokens, new_taps, ctx_start) -> ids`; taps come as None),
-                for the scripted-drafter tests.
-            fused_round: run each round as one `verify_draft` call when the artifacts have it
-                (not with a proposer or draft_top_k); False: a `draft` call and a `verify` call.
-                The tokens are the same either way.
+            max_new_tokens: budget of new tokens (None: the option's, default 128).
+            options: a GenerateOptions (default: all defaults); keywords replace its fields:
+                temperature, top_k, top_p, seed, speculative, num_speculative_tokens, stop,
+                draft_top_k, exact, enable_thinking (GenerateOptions documents each).
 
         Raises:
             DFlashError: bad sampling values, num_speculative_tokens or draft_top_k out of range
                 (draft_top_k above the compiled K, or artifacts compiled without it), draft_top_k
                 without drafting, or a request that does not fit max_context.
+            TypeError: a keyword that is no option.
         """
-        pieces = list(self._run(prompt, max_new_tokens, temperature, top_k, top_p, seed, speculative,
-                                num_speculative_tokens, stop, draft_top_k, exact, enable_thinking, accept, proposer,
-                                fused_round, stream=False))
-        return pieces[-1]
+        run = self._decode(self._request(prompt, _options(max_new_tokens, options, kw)), None)
+        while True:
+            try:
+                next(run)
+            except StopIteration as end:
+                return end.value
 
-    def stream(self, prompt, **kwargs) -> Generator[str, None, GenerationResult]:
+    def stream(self, prompt, max_new_tokens: int | None = None, *, options: GenerateOptions | None = None,
+               **kw) -> Generator[str, None, GenerationResult]:
         """Yield text pieces as tokens are committed (same arguments as `generate`; nothing without
         a tokenizer). The generator's return value is the GenerationResult (`StopIteration.value`,
         or `result = yield from engine.stream(...)`); its times include the consumer's between pieces."""
-        for piece in self._run(prompt, stream=True, **{**_GEN_DEFAULTS, **kwargs}):
-            if not isinstance(piece, str):
-                return piece
-            yield piece
+        req = self._request(prompt, _options(max_new_tokens, options, kw))
+        return (yield from self._decode(req, StreamDecoder(self.codec) if self.codec else None))
 
-    def _run(self, prompt, max_new_tokens=128, temperature=0.0, top_k=0, top_p=1.0, seed=0, speculative=True,
-             num_speculative_tokens=None, stop=None, draft_top_k=0, exact=False, enable_thinking=False,
-             accept=accept_length, proposer=None, fused_round=True, stream=False):
-        if temperature < 0 or top_k < 0 or not 0 < top_p <= 1:
-            raise DFlashError(f"sampling out of range: temperature {temperature} (>= 0), top_k {top_k} (>= 0), top_p {top_p} (in (0, 1])")
-        top_k_draft = self._check_draft_top_k(draft_top_k, speculative, proposer)
-        ids = self.encode_prompt(prompt, enable_thinking)
+    def _request(self, prompt, o: GenerateOptions) -> Request:
+        """A new Request for `prompt` with options `o`, checked against these artifacts; sets the
+        module's sampling for it (stream 0)."""
+        top_k = self._check_draft_top_k(o.draft_top_k, o.speculative, self.seams.proposer)
+        ids = self.encode_prompt(prompt, o.enable_thinking)
         B = self.block_size
-        n = B - 1 if num_speculative_tokens is None else int(num_speculative_tokens)
-        if speculative and not 1 <= n <= B - 1:
+        n = B - 1 if o.num_speculative_tokens is None else int(o.num_speculative_tokens)
+        if o.speculative and not 1 <= n <= B - 1:
             raise DFlashError(f"num_speculative_tokens {n} is out of range: use 1..{B - 1} (block_size - 1 of these artifacts)")
-        check_fits(len(ids), max_new_tokens, B, self.max_context)
-        stop_ids, stop_strings = self._split_stops(stop)
-        m = self.module
-        m.set_sampling(temperature, top_k, top_p, seed)
-        streamer = StreamDecoder(self.codec) if stream and self.codec else None
-
-        t0 = time.perf_counter()
-        first, prompt_taps = m.prefill(ids)
-        out, accepted, draft_top = [first], [], []
-        lp_temperature = temperature if temperature > 0 else 1.0  # of the draft top-K's log-probs
-        t1 = time.perf_counter()
-        done = first in stop_ids or max_new_tokens == 1
-        fused = speculative and fused_round and proposer is None and not top_k_draft and m.has_verify_draft()
+        check_fits(len(ids), o.max_new_tokens, B, self.max_context)
+        stop = self._stop_rule(o.stop, o.max_new_tokens)
+        m, s = self.module, self.seams
+        m.set_sampling(o.temperature, o.top_k, o.top_p, o.seed)  # before has_verify_draft: it is per sampling mode
+        fused = o.speculative and s.fused_round and s.proposer is None and not top_k and m.has_verify_draft()
         # exact plain steps go through the graph that a drafted request with the same fused_round
         # verifies with, so that the two agree bit for bit
-        fused_exact = exact and fused_round and m.has_verify_draft()
-        redrafts, next_draft = 0, None  # next_draft: the device's draft after out[-1], from verify_draft
-        if speculative:
-            m.absorb(prompt_taps)
-            if proposer is not None:
-                proposer.begin(None)
-            taps, ctx_start, n_valid = None, len(ids), 0
-        # plain decoding queues each step before the host has the previous token (module.py)
-        plain = None if speculative or exact else m.decode_ahead(first, len(ids), max_new_tokens - 1)
+        fused_exact = o.exact and s.fused_round and m.has_verify_draft()
+        return Request(ids, o, stop, n, top_k, fused, fused_exact)
+
+    def _decode(self, req: Request, streamer: StreamDecoder | None) -> Generator[str, None, GenerationResult]:
+        """Prefill, then plain steps or speculative rounds until the request is done; yields the new
+        text after each (with a streamer) and returns the result."""
+        m = self.module
+        decode.prefill(m, req, self.seams)
+        ahead = decode.plain_ahead(m, req)
         try:
-            while not done:
-                start = len(ids) + len(out) - 1  # the anchor's position
-                if not speculative:
-                    token = m.step_exact(out[-1], start, fused_exact) if exact else next(plain)
-                    out.append(token)
-                    done = token in stop_ids or len(out) >= max_new_tokens
+            while not req.done:
+                if req.speculative:
+                    decode.speculative_round(m, req, self.seams)
                 else:
-                    if proposer is not None:
-                        draft = [int(d) for d in proposer.propose(list(ids) + out, None, ctx_start)][:n]
-                    elif top_k_draft:
-                        draft, top_ids, top_lps = m.draft_topk(taps, ctx_start, n_valid, out[-1], start, lp_temperature)
-                        draft = draft[:n]
-                        draft_top.append(DraftTopK(top_ids[:n, :top_k_draft].tolist(), top_lps[:n, :top_k_draft].tolist()))
-                    elif next_draft is not None:
-                        draft = next_draft[:n]
-                    else:
-                        draft = m.draft(taps, ctx_start, n_valid, out[-1], start)[:n]
-                    if fused:
-                        chosen, next_draft, device_rows, taps = m.verify_draft([out[-1]] + draft, start)
-                    else:
-                        chosen, taps = m.verify([out[-1]] + draft, start)
-                    r = commit_round(draft, chosen, accept(draft, chosen), stop_ids, max_new_tokens - len(out))
-                    out += r.tokens
-                    accepted.append(r.accepted)
-                    ctx_start, n_valid = start, len(r.tokens)
-                    done = r.done
-                    if fused and device_rows != n_valid:
-                        # the device drafted after other rows than the host kept: draft again
-                        next_draft = None
-                        redrafts += not done
-                if stop_strings:
-                    cut = self._stop_string_cut(out, stop_strings)
-                    if cut is not None:
-                        out, done = out[:cut], True
+                    decode.plain_step(m, req, ahead)
+                decode.check_stop_strings(req)
                 if streamer:
-                    yield streamer.push(out[len(streamer.ids):])
+                    yield streamer.push(req.tokens[len(streamer.ids):])
         finally:
-            if plain is not None:
-                plain.close()  # waits for the step queued past the last token taken
-        t2 = time.perf_counter()
-        text = self.codec.decode(out) if self.codec else None
-        if text is not None and stop_strings:
-            at = find_stop(text, stop_strings)
-            text = text if at is None else text[:at]
-        yield GenerationResult(out, text, accepted, (n + 1) if speculative else 1, (t1 - t0) * 1e3, t2 - t1, draft_top,
-                               redrafts)
-
-    def _stop_string_cut(self, out: list[int], stops: list[str]) -> int | None:
-        """Length of the shortest prefix of `out` whose text contains a stop string, or None."""
-        if find_stop(self.codec.decode(out), stops) is None:
-            return None
-        for i in range(1, len(out) + 1):
-            if find_stop(self.codec.decode(out[:i]), stops) is not None:
-                return i
-        return None
+            if ahead is not None:
+                ahead.close()  # waits for the step queued past the last token taken
+        return req.finish()
 
 
-_GEN_DEFAULTS = dict(max_new_tokens=128, temperature=0.0, top_k=0, top_p=1.0, seed=0, speculative=True,
-                     num_speculative_tokens=None, stop=None, draft_top_k=0, exact=False, enable_thinking=False,
-                     fused_round=True)
+def _options(max_new_tokens: int | None, options: GenerateOptions | None, kw: dict) -> GenerateOptions:
+    if max_new_tokens is not None:
+        kw = {**kw, "max_new_tokens": max_new_tokens}
+    return GenerateOptions.of(options, **kw)

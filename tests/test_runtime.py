@@ -24,7 +24,7 @@ from dflash_iree.export.load import load_pair
 from dflash_iree.export.reference import generate_plain
 from dflash_iree.kernels.reference import score
 from dflash_iree.runtime.artifacts import Artifacts
-from dflash_iree.runtime.engine import Engine
+from dflash_iree.runtime.engine import Engine, GenerateOptions, Seams
 from dflash_iree.runtime.module import Staging
 
 
@@ -67,7 +67,8 @@ def _scripted(engine, eager, accept, sampling):
     plan = [0, 3, 7, 1, 6, 2, 5, 4]
     needed = sum(a + 1 for a in plan) + BLOCK
     truth = list(prompt) + generate_plain(eager[0], prompt, needed, sampling).tokens
-    gen = engine.generate(prompt, needed - BLOCK, proposer=ScriptedDrafter(truth, plan), accept=accept, **_kw(sampling))
+    scripted = engine.with_seams(proposer=ScriptedDrafter(truth, plan), accept=accept)
+    gen = scripted.generate(prompt, needed - BLOCK, **_kw(sampling))
     if gen.tokens != truth[len(prompt):len(prompt) + needed - BLOCK]:
         failures.append("tokens differ from plain")
     if gen.accepted[: len(plan)] != plan:
@@ -90,7 +91,7 @@ def test_only_token_ids_cross_to_the_host(engine, fused_round):
     """Per round: draft ids [B-1] and chosen tokens [B], int64 (fused: with the device's row count,
     one [2B] row); never logits or taps."""
     before = engine.module.host_bytes
-    gen = engine.generate(PROMPTS[1], 60, fused_round=fused_round)
+    gen = engine.with_seams(fused_round=fused_round).generate(PROMPTS[1], 60)
     per_round = (engine.module.host_bytes - before) / len(gen.accepted)
     # the prefill's first token and the first round's separate draft, spread over the rounds
     assert per_round <= 8 * 2 * BLOCK + 8 * BLOCK / len(gen.accepted)
@@ -103,7 +104,7 @@ def test_fused_round_equals_two_calls(engine, name):
     s = SAMPLINGS[name]
     for prompt in PROMPTS:
         fused = engine.generate(prompt, 90, **_kw(s))
-        two = engine.generate(prompt, 90, fused_round=False, **_kw(s))
+        two = engine.with_seams(fused_round=False).generate(prompt, 90, **_kw(s))
         assert fused.tokens == two.tokens
         assert fused.accepted == two.accepted
         assert fused.redrafts == 0
@@ -113,7 +114,7 @@ def test_planted_control_fails_through_fused_round(engine):
     """A broken host rule disagrees with the device count: the engine drafts again, and the
     tokens differ from plain decoding (the control is not masked by the device's own count)."""
     plain = engine.generate(PROMPTS[0], 60, speculative=False)
-    broken = engine.generate(PROMPTS[0], 60, accept=broken_accept)
+    broken = engine.with_seams(accept=broken_accept).generate(PROMPTS[0], 60)
     assert broken.tokens != plain.tokens and broken.redrafts > 0
 
 
@@ -121,7 +122,7 @@ def test_draft_top_k_is_the_only_extra_transfer(engine):
     """With draft_top_k, per round exactly the [B-1, K] int32 ids and float32 log-probs more (K the
     compiled 8, whatever k was asked for) than the same rounds as two calls without it."""
     before = engine.module.host_bytes
-    plain = engine.generate(PROMPTS[1], 60, fused_round=False)
+    plain = engine.with_seams(fused_round=False).generate(PROMPTS[1], 60)
     mid = engine.module.host_bytes
     top = engine.generate(PROMPTS[1], 60, draft_top_k=3)
     assert top.accepted == plain.accepted
@@ -260,6 +261,22 @@ def test_written_arguments_checked_against_the_manifest(engine):
     out = rt.asdevicearray(m.device, np.zeros((1, 1), np.int64))
     m.fn["decode"](*args, out)
     assert out.to_host()[0, 0] == m.decode(first, P)
+
+
+def test_generate_options_and_seams(engine):
+    """The defaults live in GenerateOptions; `options=` and keywords give the same request; a seam
+    passed as an option is refused naming with_seams; with_seams leaves the engine as it was."""
+    assert GenerateOptions().max_new_tokens == 128 and GenerateOptions.of(None, top_k=3).top_k == 3
+    o = GenerateOptions(max_new_tokens=12, num_speculative_tokens=3)
+    a = engine.generate(PROMPTS[0], options=o)
+    assert a.block_size == 4 and a.tokens == engine.generate(PROMPTS[0], 12, num_speculative_tokens=3).tokens
+    assert engine.generate(PROMPTS[0], 20, options=o, num_speculative_tokens=None).block_size == BLOCK
+    with pytest.raises(DFlashError, match=r"^sampling out of range: temperature -1 \(>= 0\)"):
+        engine.generate(PROMPTS[0], 10, temperature=-1)
+    with pytest.raises(TypeError, match=r"unknown generate option fused_round: .*Engine\.with_seams"):
+        engine.generate(PROMPTS[0], 10, fused_round=False)
+    two = engine.with_seams(fused_round=False)
+    assert two.module is engine.module and engine.seams == Seams() and two.seams == Seams(fused_round=False)
 
 
 def test_num_speculative_tokens(engine):

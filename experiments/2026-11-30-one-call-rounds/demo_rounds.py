@@ -100,7 +100,8 @@ def run(device: str, out: str, arch: str, variants: list[str], n_prompts: int, m
         rt.flags.parse_flags(*runtime_flags)
 
     prompts = read_prompts(ROOT / "bench/prompts/code.jsonl", n_prompts)
-    kwargs = {"plain": dict(speculative=False), "two_calls": dict(fused_round=False), "fused": {}}
+    kwargs = {"plain": dict(speculative=False), "two_calls": {}, "fused": {}}
+    seams = {"plain": {}, "two_calls": dict(fused_round=False), "fused": {}}  # Engine.with_seams
     result = {"device": device, "arch": arch, "runtime_flags": list(runtime_flags), "prompts": len(prompts), "runs": runs,
               "max_new_tokens": max_new_tokens, "variants": {}}
     for v in variants:
@@ -115,7 +116,8 @@ def run(device: str, out: str, arch: str, variants: list[str], n_prompts: int, m
         for r in range(runs):
             for i, p in enumerate(prompts):
                 k = (i + r) % len(ARMS)
-                gens = {a: engine.generate(p, max_new_tokens, **kwargs[a]) for a in ARMS[k:] + ARMS[:k]}
+                gens = {a: engine.with_seams(**seams[a]).generate(p, max_new_tokens, **kwargs[a])
+                        for a in ARMS[k:] + ARMS[:k]}
                 for a in ARMS:
                     tok_s[a].append(gens[a].decode_tok_s)
                 if r == 0:
