@@ -31,6 +31,7 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from dflash_iree import validate
 from dflash_iree.acceptance import RoundStats, accept_length, check_fits, commit_round
 from dflash_iree.errors import DFlashError
 
@@ -107,6 +108,8 @@ class Engine:
         # K of the draft_topk entry point (dflash-iree compile --draft-top-k; 0: none, as in
         # manifests written before it existed)
         self.compiled_draft_top_k = int(artifacts.manifest.get("draft_top_k", 0))
+        self.vocab_size = int(artifacts.manifest["target"]["config"]["vocab_size"])  # request ids are checked against it
+        self.text_error = f"{artifacts.target_folder} has no tokenizer.json; pass token ids"  # why text fails (codec None)
 
     @classmethod
     def load(cls, artifacts: str = "compiled/host", target: str | None = None, drafter: str | None = None,
@@ -129,11 +132,14 @@ class Engine:
         arts = Artifacts.load(artifacts)
         dev = open_device(arts, device)
         module = arts.bind(dev, target, drafter)
+        text_error = None
         try:
             codec = TextCodec(arts.checkpoint_folder("target", target))
-        except DFlashError:
-            codec = None  # token-id prompts still work
-        return cls(arts, module, codec)
+        except DFlashError as e:
+            codec, text_error = None, str(e)  # token-id prompts still work; the error names the folder bound
+        engine = cls(arts, module, codec)
+        engine.text_error = text_error or engine.text_error
+        return engine
 
     # -- prompts and stop conditions -------------------------------------------------------
 
@@ -143,13 +149,14 @@ class Engine:
         Raises:
             DFlashError: text or messages without a tokenizer, or an empty prompt.
         """
-        if isinstance(prompt, str) or (prompt and isinstance(prompt[0], dict)):
+        prompt = validate.prompt(prompt)
+        if isinstance(prompt, str) or (len(prompt) and isinstance(prompt[0], dict)):
             if self.codec is None:
-                raise DFlashError(f"{self.artifacts.target_folder} has no tokenizer.json; pass token ids instead of text")
+                raise DFlashError(self.text_error)
             if isinstance(prompt, str):
                 return self.codec.encode(prompt)
             return self.codec.encode(self.codec.render_chat(list(prompt), enable_thinking=enable_thinking))
-        ids = [int(t) for t in prompt]
+        ids = validate.token_ids(prompt, self.vocab_size)
         if not ids:
             raise DFlashError("the prompt is empty; give at least one token")
         return ids
@@ -176,11 +183,11 @@ class Engine:
         return k
 
     def _split_stops(self, stop) -> tuple[frozenset[int], list[str]]:
-        items = [stop] if isinstance(stop, (str, int)) else list(stop or [])
-        strings = [s for s in items if isinstance(s, str)]
+        items = validate.stop_items(stop)
+        strings = [validate.text(s, "stop string") for s in items if isinstance(s, str)]
         if strings and self.codec is None:
             raise DFlashError("stop strings need the target's tokenizer.json; pass stop token ids instead")
-        return self.eos_ids | {int(s) for s in items if not isinstance(s, str)}, strings
+        return self.eos_ids | validate.all_ids(items, self.vocab_size, "stop"), strings
 
     # -- decoding ---------------------------------------------------------------------------
 
@@ -238,14 +245,13 @@ class Engine:
     def _run(self, prompt, max_new_tokens=128, temperature=0.0, top_k=0, top_p=1.0, seed=0, speculative=True,
              num_speculative_tokens=None, stop=None, draft_top_k=0, exact=False, enable_thinking=False,
              accept=accept_length, proposer=None, fused_round=True, stream=False):
-        if temperature < 0 or top_k < 0 or not 0 < top_p <= 1:
-            raise DFlashError(f"sampling out of range: temperature {temperature} (>= 0), top_k {top_k} (>= 0), top_p {top_p} (in (0, 1])")
+        temperature, top_k, top_p, seed = validate.sampling(temperature, top_k, top_p, seed, self.vocab_size)
+        max_new_tokens = validate.count(max_new_tokens, "max_new_tokens", "new tokens to generate")
         top_k_draft = self._check_draft_top_k(draft_top_k, speculative, proposer)
-        ids = self.encode_prompt(prompt, enable_thinking)
+        ids = validate.token_ids(self.encode_prompt(prompt, enable_thinking), self.vocab_size)
         B = self.block_size
-        n = B - 1 if num_speculative_tokens is None else int(num_speculative_tokens)
-        if speculative and not 1 <= n <= B - 1:
-            raise DFlashError(f"num_speculative_tokens {n} is out of range: use 1..{B - 1} (block_size - 1 of these artifacts)")
+        n = B - 1 if num_speculative_tokens is None or not speculative else \
+            validate.num_speculative_tokens(num_speculative_tokens, B)
         check_fits(len(ids), max_new_tokens, B, self.max_context)
         stop_ids, stop_strings = self._split_stops(stop)
         m = self.module
@@ -279,7 +285,8 @@ class Engine:
                     done = token in stop_ids or len(out) >= max_new_tokens
                 else:
                     if proposer is not None:
-                        draft = [int(d) for d in proposer.propose(list(ids) + out, None, ctx_start)][:n]
+                        draft = validate.token_ids(proposer.propose(list(ids) + out, None, ctx_start), self.vocab_size,
+                                                   "proposer draft")[:n]
                     elif top_k_draft:
                         draft, top_ids, top_lps = m.draft_topk(taps, ctx_start, n_valid, out[-1], start, lp_temperature)
                         draft = draft[:n]
