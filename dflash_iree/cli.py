@@ -179,13 +179,15 @@ def cmd_generate(args) -> int:
 def cmd_bench(args) -> int:
     """Plain against drafted on a prompt file; prints a table, optionally writes JSON and a plot."""
     from dflash_iree.guard import check_writable, write_atomic
-    from dflash_iree.runtime.bench import format_table, plot, read_prompts, run_bench
+    from dflash_iree.runtime.bench import check_plot, format_table, plot, read_prompts, run_bench
 
     validate.count(args.runs, "--runs", "times each prompt runs per arm")
     prompts = read_prompts(args.prompts, args.limit, args.encoding)
     for option, path in (("--json", args.json), ("--plot", args.plot)):
         if path:
             check_writable(path, option)  # before the run, not after it
+    if args.plot:
+        check_plot()
     engine = _load_engine(args)
     result = run_bench(engine, prompts, args.max_new_tokens, args.temperature, args.seed, args.runs,
                        log=None if args.quiet else lambda m: print(m, file=sys.stderr))

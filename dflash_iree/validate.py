@@ -55,7 +55,7 @@ def count(value, option: str, what: str) -> int:
     Raises:
         DFlashError: not an integer, or below 1; `what` says what the count counts.
     """
-    return integer(value, option, 1, fix=f" ({what}; 0 would do nothing)")
+    return integer(value, option, 1, fix=f" ({what})")
 
 
 def prompt(value):

@@ -35,8 +35,8 @@ FORMAT_VERSION = 2  # 2: what the host reads is written into the caller's buffer
 MODULE_FILE = "dflash.vmfb"
 MANIFEST_FILE = "manifest.json"
 DEFAULT_CONTEXT = 4096
-# `pages` is a dynamic dim 1..max_context / KV_PAGE (export/aot.py ExportShapes.dims): torch.export
-# cannot export a dynamic dim whose range is the single value 1, so at least two pages of 32 rows
+# `pages` is a dynamic dim 1..max_context / KV_PAGE (export/aot.py ExportShapes.dims), and
+# torch.export.Dim refuses min == max ("inconsistent min=1, max=1"): at least two pages of 32 rows
 MIN_CONTEXT = 64
 DEFAULT_DRAFT_TOP_K = 8  # K of the draft_topk entry point; 0 compiles none
 

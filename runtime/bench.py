@@ -14,6 +14,7 @@ graph, which in bf16 may round differently at near-ties: those prompts are count
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from pathlib import Path
 
@@ -141,6 +142,18 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def check_plot() -> None:
+    """Refuse --plot before a run when matplotlib is missing (not after it).
+
+    Raises:
+        DFlashError: matplotlib is not installed.
+    """
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise DFlashError("--plot needs matplotlib: pip install matplotlib (or leave --plot out)") from None
+
+
 def plot(result: dict, path: str | Path) -> None:
     """Draw the τ histogram and the tok/s comparison to a PNG (needs matplotlib).
 
@@ -165,4 +178,10 @@ def plot(result: dict, path: str | Path) -> None:
     ax2.bar(["plain", "dflash"], meds, yerr=errs, capsize=6)
     ax2.set(ylabel="decode tok/s", title=f"speedup {result['speedup']:.2f}x ({result['arch']})")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")  # whole or not at all, like --json
+    try:
+        fig.savefig(tmp, dpi=100, format=path.suffix.lstrip(".") or "png")
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)

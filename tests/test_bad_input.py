@@ -149,6 +149,19 @@ def test_bench_refuses(capsys, host_artifacts, tmp_path, argv, needles):
     assert out == ""
 
 
+def test_bench_plot_without_matplotlib_refused_before_the_run(capsys, host_artifacts, tmp_path):
+    try:
+        import matplotlib  # noqa: F401
+        pytest.skip("matplotlib is installed")
+    except ImportError:
+        pass
+    out = tmp_path / "b.json"
+    rc, stdout, err = cli(capsys, "bench", "--artifacts", host_artifacts, "--prompts",
+                          _prompts(tmp_path, [{"prompt_ids": [7, 300, 12]}]), "--json", out, "--plot", tmp_path / "b.png")
+    assert_refused(rc, err, "--plot needs matplotlib")
+    assert stdout == "" and not out.exists()
+
+
 def test_prompt_file_that_is_not_utf8(capsys, host_artifacts, tmp_path):
     bad = tmp_path / "latin1.jsonl"
     bad.write_bytes('{"prompt": "caf\u00e9"}\n'.encode("latin-1"))
