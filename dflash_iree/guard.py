@@ -142,10 +142,11 @@ def config_problems(manifest: dict, target: Path, drafter: Path) -> list[str]:
             f"drafter {drafter} was trained for block_size {dcfg.block_size}, these artifacts for a drafter trained "
             f"for {trained} (verify block {manifest['block_size']}): the output is exact, but fewer drafts are "
             f"accepted (τ fell from 2.8 to 1.8 on the demo pair); for its full τ compile for it: "
-            f"dflash-iree compile --drafter {drafter}", DFlashWarning, stacklevel=3)
+            f"dflash-iree compile --arch {manifest['arch']} --target {target} --drafter {drafter}", DFlashWarning,
+            stacklevel=3)
     if problems:
         problems.append(f"  the compiled graph computes the manifest's model; compile for these checkpoints: "
-                        f"dflash-iree compile --target {target} --drafter {drafter}")
+                        f"dflash-iree compile --arch {manifest['arch']} --target {target} --drafter {drafter}")
     return problems
 
 
@@ -203,16 +204,30 @@ def out_lock(out: str | Path):
 
 
 def _available_bytes(driver: str) -> int | None:
-    """Free memory of the device's kind where the host can tell: MemAvailable for the CPU."""
+    """Memory this process can still allocate on a CPU device: the least of the host's
+    MemAvailable, its cgroup's memory.max - memory.current, and its address-space limit
+    (RLIMIT_AS) less its current size. None for GPUs (the host cannot tell)."""
     if driver != "local-task":
         return None
+    found = []
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
+                found.append(int(line.split()[1]) * 1024)
+        cgroup = Path("/sys/fs/cgroup")
+        limit = (cgroup / "memory.max").read_text().strip() if (cgroup / "memory.max").is_file() else "max"
+        if limit != "max":
+            found.append(int(limit) - int((cgroup / "memory.current").read_text()))
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        if soft != resource.RLIM_INFINITY:
+            size = next(int(line.split()[1]) * 1024 for line in Path("/proc/self/status").read_text().splitlines()
+                        if line.startswith("VmSize:"))
+            found.append(soft - size)
+    except (OSError, ValueError, IndexError, StopIteration):
+        pass
+    return max(0, min(found)) if found else None
 
 
 def _nbytes(entries, dtype_bytes) -> int:
@@ -242,7 +257,8 @@ def out_of_memory(manifest: dict, folder: Path, driver: str, detail: str) -> DFl
     line = (f"out of device memory with {folder}: the KV caches need {state / 2**20:.1f} MiB at max_context {C} and "
             f"the weights {params / 2**20:.1f} MiB")
     if free is not None:
-        fit = int((free - params) / (state / C)) // page * page if free > params else 0
+        # a fifth kept back for the working buffers a call allocates beside the caches
+        fit = int((0.8 * free - params) / (state / C)) // page * page if 0.8 * free > params else 0
         line += f", {free / 2**20:.1f} MiB are free"
         if fit >= C:
             line += "; that is enough, so something else took the memory meanwhile: free the device and retry"
@@ -252,7 +268,8 @@ def out_of_memory(manifest: dict, folder: Path, driver: str, detail: str) -> DFl
             line += "; the weights alone (almost) fill it: use a device with more memory, or a smaller --dtype"
     else:
         line += "; recompile with a smaller --max-context (the caches scale with it), or free the device"
-    return DFlashError(f"{line} ({detail.splitlines()[0][:200] if detail else 'RESOURCE_EXHAUSTED'})")
+    first = detail.splitlines()[0].split("; while ")[0][:240] if detail else "RESOURCE_EXHAUSTED"
+    return DFlashError(f"{line} (IREE: {first})")
 
 
 def check_writable(path: str | Path, option: str) -> None:

@@ -174,7 +174,7 @@ def test_checkpoint_config_that_differs_from_the_manifest(capsys, host_artifacts
     """Same parameter shapes, another model: the parsed config fields are compared, by name."""
     folder = _edit_config(_copy(target_dir if scope == "target" else drafter_dir, tmp_path / scope), **changes)
     rc, _, err = _generate(capsys, host_artifacts, f"--{scope}", folder)
-    assert_refused(rc, err, "the checkpoints do not fit", needle, "in the manifest", "dflash-iree compile --target")
+    assert_refused(rc, err, "the checkpoints do not fit", needle, "in the manifest", "dflash-iree compile --arch host --target")
 
 
 def test_checkpoint_with_another_config_hash_but_the_same_fields_binds(capsys, host_artifacts, target_dir, tmp_path):
@@ -208,11 +208,41 @@ def test_out_of_device_memory_names_bytes_and_a_context_that_fits(host_artifacts
         raise RuntimeError("Error creating context: RESOURCE_EXHAUSTED; failed to allocate 1234 bytes")
 
     state, params = guard.memory_needed(json.loads((host_artifacts / "manifest.json").read_text()))
-    free = params + state // 2  # room for half the caches: max_context 128
+    free = int((params + state // 2) / 0.8) + 8  # room for half the caches and the working fifth: max_context 128
     monkeypatch.setattr(rt, "VmContext", exhausted)
     monkeypatch.setattr(guard, "_available_bytes", lambda driver: free)
     with pytest.raises(DFlashError, match=rf"out of device memory with .*: the KV caches need {state / 2**20:.1f} MiB "
                                           rf"at max_context 256 and the weights {params / 2**20:.1f} MiB, "
                                           rf"{free / 2**20:.1f} MiB are free; recompile with --max-context 128 or less "
-                                          rf"\(Error creating"):
+                                          rf"\(IREE: Error creating"):
         Engine.load(host_artifacts)
+
+
+HUGE_CONTEXT = 2**21  # 3 GiB of KV caches for the tiny shapes (f32)
+
+
+@pytest.fixture(scope="module")
+def huge_artifacts(tmp_path_factory):
+    """The tiny pair compiled with a KV cache of HUGE_CONTEXT rows (the module is as small as ever:
+    the caches are allocated when it loads)."""
+    from tiny import make_drafter, make_target
+
+    from dflash_iree.export.compile import Progress, compile_artifacts
+
+    folder = tmp_path_factory.mktemp("huge")
+    target = make_target(folder / "target", max_position_embeddings=HUGE_CONTEXT)
+    drafter = make_drafter(folder / "drafter", target)
+    compile_artifacts("host", target, drafter, folder / "host", max_context=HUGE_CONTEXT,
+                      log=Progress(open(os.devnull, "w")))
+    return folder / "host"
+
+
+@pytest.mark.skipif(not shutil.which("prlimit"), reason="needs prlimit")
+def test_real_out_of_memory_at_load(huge_artifacts):
+    """A process limited to 2.5 GB of address space cannot allocate 3 GiB of caches: IREE's
+    RESOURCE_EXHAUSTED becomes one line with the MiB needed and free and a --max-context."""
+    r = subprocess.run(["prlimit", f"--as={2500 * 2**20}", sys.executable, "-m", "dflash_iree", "generate",
+                        "--artifacts", str(huge_artifacts), "--prompt-ids", "1 2 3", "--max-new-tokens", "4"],
+                       capture_output=True, text=True, timeout=300)
+    assert_refused(r.returncode, r.stderr, f"out of device memory with {huge_artifacts}: the KV caches need 3072.0 MiB "
+                   f"at max_context {HUGE_CONTEXT}", "MiB are free; recompile with --max-context", "RESOURCE_EXHAUSTED")
