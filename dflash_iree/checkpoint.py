@@ -29,16 +29,58 @@ class TensorInfo:
     offsets: tuple[int, int]
 
 
+# bytes per element of each safetensors dtype tag (the format's own list)
+ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+            "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+MAX_HEADER = 100_000_000  # the safetensors reference implementation's limit
+
+
 def _read_header(path: Path) -> dict:
+    """The tensor entries of a safetensors file's JSON header, checked against the file's size.
+
+    Format (huggingface/safetensors, "Format"): 8 bytes little-endian header length N, N bytes of
+    JSON {key: {dtype, shape, data_offsets: [begin, end]}} (offsets into the data that follows), then
+    the data. A file cut off mid-tensor (an interrupted download or copy) is caught here, by name,
+    before IREE maps it.
+
+    Raises:
+        DFlashError: unreadable file, a header that is not that JSON, or a tensor whose byte range
+            does not match its shape and dtype or lies past the end of the file.
+    """
+    def bad(why: str):
+        raise DFlashError(f"{path}: not a whole safetensors file ({why}); download or copy it again")
+
     try:
+        size = path.stat().st_size
         with open(path, "rb") as f:
-            (n,) = struct.unpack("<Q", f.read(8))
-            if n > 100_000_000:
-                raise ValueError("header too large")
+            head = f.read(8)
+            if len(head) < 8:
+                bad(f"{size} bytes, shorter than the 8-byte header length")
+            (n,) = struct.unpack("<Q", head)
+            if n > MAX_HEADER or 8 + n > size:
+                bad(f"its header length {n} runs past the file's {size} bytes")
             header = json.loads(f.read(n))
-    except (OSError, ValueError, struct.error) as e:
-        raise DFlashError(f"{path}: not a readable safetensors file ({e})") from None
+    except OSError as e:
+        raise DFlashError(f"{path}: cannot read it ({e.strerror or e})") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        bad(f"the header is not JSON: {e}")
+    if not isinstance(header, dict):
+        bad("the header is not a JSON object")
     header.pop("__metadata__", None)
+    data = size - 8 - n
+    for key, meta in header.items():
+        try:
+            begin, end = (int(x) for x in meta["data_offsets"])
+            elements = 1
+            for d in meta["shape"]:
+                elements *= int(d)
+            nbytes = elements * ITEMSIZE[meta["dtype"]]
+        except (KeyError, TypeError, ValueError):
+            bad(f"tensor {key}: no valid dtype, shape and data_offsets")
+        if not 0 <= begin <= end or end - begin != nbytes:
+            bad(f"tensor {key}: data_offsets {[begin, end]} do not hold {meta['dtype']} {list(meta['shape'])}")
+        if end > data:
+            bad(f"tensor {key} ends at data byte {end} but the file holds {data} bytes of data: it was cut off")
     return header
 
 
@@ -54,7 +96,7 @@ def weight_files(folder: str | Path) -> list[Path]:
     if index.is_file():
         try:
             names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (ValueError, KeyError) as e:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise DFlashError(f"{index}: not a safetensors index ({e})") from None
         files = [folder / n for n in names]
         for f in files:

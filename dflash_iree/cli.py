@@ -8,21 +8,37 @@ Subcommands:
 - `topk-check`: parity of the draft top-K dispatch on a device.
 - `eager`: decode with the eager PyTorch reference (needs the `compile` extra), plain or DFlash.
 
-Bad input (DFlashError) prints one message and exits with status 2, without a traceback.
+Bad input (DFlashError) prints one message and exits with status 2, without a traceback; so do
+faults of the machine the message can name (a file that cannot be written, a full disk, device
+memory). Ctrl-C exits with status 130 and one line, after what was in flight is cleaned up (a
+compile's stage folder, export cache entry and lock). Text from the command line and from prompt
+files is bytes until decoded with --encoding (default utf-8), strictly.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import os
 import sys
+import warnings
 from pathlib import Path
 
+from . import validate
 from .errors import DFlashError
 
 
+def _arg_text(value: str | None, encoding: str, option: str) -> str | None:
+    """A command-line string decoded with --encoding: argv arrives as the bytes the shell passed
+    (Python keeps undecodable bytes as surrogates; os.fsencode gives the bytes back)."""
+    if value is None:
+        return None
+    return validate.decode(os.fsencode(value), encoding, option)
+
+
 def _encode_prompt(target_dir: str, text: str | None, ids: str | None) -> list[int]:
-    if ids:
+    if ids is not None:
         try:
             return [int(t) for t in ids.replace(",", " ").split()]
         except ValueError:
@@ -52,8 +68,12 @@ def cmd_eager(args) -> int:
     from dflash_iree.export.load import load_pair, load_target
     from dflash_iree.export.reference import SamplingConfig, generate_dflash, generate_plain
 
-    prompt = _encode_prompt(args.target, args.prompt, args.prompt_ids)
-    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)
+    from dflash_iree.config import load_target_config
+
+    vocab = load_target_config(args.target).vocab_size
+    prompt = validate.token_ids(_encode_prompt(args.target, _arg_text(args.prompt, args.encoding, "--prompt"),
+                                               args.prompt_ids), vocab)
+    sampling = SamplingConfig(*validate.sampling(args.temperature, args.top_k, args.top_p, args.seed, vocab))
     if args.drafter and not args.no_draft:
         target, drafter = load_pair(args.target, args.drafter, args.max_context, args.dtype, args.block_size)
         gen = generate_dflash(target, drafter, prompt, args.max_new_tokens, sampling)
@@ -120,16 +140,20 @@ def _print_stream(pieces):
 def cmd_generate(args) -> int:
     """Generate with compiled artifacts; prints the text (token ids without a tokenizer) and a
     summary line on stderr (not with --quiet), or tokens and stats with --json."""
+    if args.prompt_ids is not None and (args.prompt is not None or args.chat):
+        raise DFlashError("--prompt-ids is a prompt of its own: give it without --prompt and --chat")
+    text = _arg_text(args.prompt, args.encoding, "--prompt") or ""
+    stop = [_arg_text(s, args.encoding, "--stop") for s in args.stop or []] or None
     engine = _load_engine(args)
-    if args.prompt_ids:
+    if args.prompt_ids is not None:
         prompt = _encode_prompt("", None, args.prompt_ids)
     elif args.chat:
-        prompt = [{"role": "user", "content": args.prompt or ""}]
+        prompt = [{"role": "user", "content": text}]
     else:
-        prompt = args.prompt or ""
+        prompt = text
     kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
               seed=args.seed, speculative=not args.no_draft, num_speculative_tokens=args.num_speculative_tokens,
-              stop=args.stop, exact=args.exact, draft_top_k=args.draft_top_k)
+              stop=stop, exact=args.exact, draft_top_k=args.draft_top_k)
     if args.json:
         g = engine.generate(prompt, **kw)
         out = {"tokens": g.tokens, "text": g.text, "stats": g.stats()}
@@ -154,15 +178,22 @@ def cmd_generate(args) -> int:
 
 def cmd_bench(args) -> int:
     """Plain against drafted on a prompt file; prints a table, optionally writes JSON and a plot."""
-    from dflash_iree.runtime.bench import format_table, plot, read_prompts, run_bench
+    from dflash_iree.guard import check_writable, write_atomic
+    from dflash_iree.runtime.bench import check_plot, format_table, plot, read_prompts, run_bench
 
+    validate.count(args.runs, "--runs", "times each prompt runs per arm")
+    prompts = read_prompts(args.prompts, args.limit, args.encoding)
+    for option, path in (("--json", args.json), ("--plot", args.plot)):
+        if path:
+            check_writable(path, option)  # before the run, not after it
+    if args.plot:
+        check_plot()
     engine = _load_engine(args)
-    prompts = read_prompts(args.prompts, args.limit)
     result = run_bench(engine, prompts, args.max_new_tokens, args.temperature, args.seed, args.runs,
                        log=None if args.quiet else lambda m: print(m, file=sys.stderr))
     print(format_table(result))
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        write_atomic(args.json, json.dumps(result, indent=1) + "\n")
     if args.plot:
         plot(result, args.plot)
     return 0 if result["same_tokens"] else 1
@@ -177,8 +208,9 @@ def cmd_demo(args) -> int:
     """
     from dflash_iree.runtime.bench import read_prompts
 
+    prompts = read_prompts(args.prompts, encoding=args.encoding)
+    prompt = prompts[validate.index(args.index, "--index", len(prompts), args.prompts)]
     engine = _load_engine(args)
-    prompt = read_prompts(args.prompts)[args.index]
     engine.generate(prompt, 8)  # warm-up: first calls pay one-time setup
     plain = engine.generate(prompt, args.max_new_tokens, speculative=False)
     drafted = engine.generate(prompt, args.max_new_tokens)
@@ -205,6 +237,12 @@ def _runtime_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter", help="drafter checkpoint folder (default: the one in the manifest)")
     p.add_argument("--device", help="IREE device: local-task, cuda, cuda://1, hip (default: the arch's)")
     p.add_argument("--max-new-tokens", type=int, default=128)
+    _encoding_argument(p)
+
+
+def _encoding_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--encoding", default="utf-8", help="encoding of --prompt, --stop and prompt files "
+                   "(default utf-8; bytes that are not valid in it are refused)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -264,6 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--no-draft", action="store_true", help="plain decoding even with --drafter")
     e.add_argument("--json", action="store_true", help="print tokens and stats as JSON")
+    _encoding_argument(e)
     e.set_defaults(func=cmd_eager)
 
     c = sub.add_parser("compile", help="export target + drafter and compile them to compiled/ARCH (vmfb + manifest)")
@@ -294,10 +333,47 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `dflash-iree` console script; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    """Entry point of the `dflash-iree` console script; returns the exit status: 0, 1 (bench or
+    demo found drafted != plain), 2 (bad input, or a fault named in one line), 130 (Ctrl-C)."""
+    args = None
     try:
-        return args.func(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            args = build_parser().parse_args(argv)
+            return args.func(args)
     except DFlashError as e:
-        print(f"dflash-iree: error: {e}", file=sys.stderr)
-        return 2
+        return _fail(str(e))
+    except KeyboardInterrupt:
+        print("\ndflash-iree: interrupted; nothing half-written was left behind", file=sys.stderr, flush=True)
+        return 130
+    except BrokenPipeError:  # `dflash-iree generate ... | head`: the reader left; not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except OSError as e:
+        return _fail(_os_error(e, getattr(args, "command", None)))
+    except RuntimeError as e:  # IREE reports device memory exhaustion as RuntimeError
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        return _fail(f"out of device memory ({str(e).splitlines()[0][:200]}); recompile with a smaller --max-context, "
+                     "or free the device")
+
+
+def _fail(message: str) -> int:
+    print(f"dflash-iree: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"dflash-iree: warning: {message}", file=sys.stderr)
+
+
+def _os_error(e: OSError, command: str | None) -> str:
+    """One line for an OSError: the file, the system's reason, and what to do."""
+    where = f"{e.filename}: " if e.filename else ""
+    fix = {errno.ENOSPC: "free some space on that disk and run it again",
+           errno.EDQUOT: "free some space (disk quota) and run it again",
+           errno.EACCES: "it is not writable or readable by you: choose another folder or fix its permissions",
+           errno.EPERM: "it is not writable or readable by you: choose another folder or fix its permissions",
+           errno.EROFS: "it is on a read-only file system: choose another folder"}.get(e.errno, "check the path")
+    kept = "; --out was left as it was" if command == "compile" else ""
+    return f"{where}{e.strerror or e}: {fix}{kept}"

@@ -17,7 +17,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,6 +24,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
+from dflash_iree import guard
 from dflash_iree.checkpoint import sha256_file
 from dflash_iree.config import DrafterConfig, TargetConfig, config_hash, load_drafter_config, load_target_config
 from dflash_iree.errors import DFlashError
@@ -35,6 +35,8 @@ FORMAT_VERSION = 2  # 2: what the host reads is written into the caller's buffer
 MODULE_FILE = "dflash.vmfb"
 MANIFEST_FILE = "manifest.json"
 DEFAULT_CONTEXT = 4096
+# `pages` is a dynamic dim 1..max_context / KV_PAGE (export/aot.py ExportShapes.dims), and
+# torch.export.Dim refuses min == max ("inconsistent min=1, max=1"): at least two pages of 32 rows
 MIN_CONTEXT = 64
 DEFAULT_DRAFT_TOP_K = 8  # K of the draft_topk entry point; 0 compiles none
 
@@ -317,7 +319,7 @@ def run_iree_compile(mlir: Path, vmfb: Path, flags: list[str], stats: Path, extr
     """iree-compile MLIR -> vmfb with scheduling statistics (csv) written to `stats`."""
     cmd = [iree_compile_tool(), str(mlir), *flags, *extra, "--iree-scheduling-dump-statistics-format=csv",
            f"--iree-scheduling-dump-statistics-file={stats}", "-o", str(vmfb)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = guard.run_tool(cmd)  # killed with its children on Ctrl-C
     if proc.returncode != 0:
         # The errors, shortened (their target attributes run to kilobytes), and the dispatches named.
         lines = proc.stderr.splitlines()
@@ -518,7 +520,7 @@ def compile_artifacts(arch: str, target_dir, drafter_dir, out_dir=None, block_si
     log(f"configs: target {p.target.num_hidden_layers} layers, hidden {p.target.hidden_size}, vocab "
         f"{p.target.vocab_size}; drafter {p.drafter.num_hidden_layers} layers, taps {list(p.drafter.target_layer_ids)}; "
         f"block {p.block_size}, max_context {p.max_context}, {p.dtype}, streams {p.streams}, draft top-K {p.draft_top_k}")
-    with tempfile.TemporaryDirectory(prefix="dflash-export-") as work:
+    with guard.out_lock(out), tempfile.TemporaryDirectory(prefix="dflash-export-") as work:
         mlir = export_cached(p, Path(work), log, use_cache)
         m = lower(p, arch, mlir, out, log, record, splices=splices)
     size = m["stats"]["module_bytes"] / 2**20

@@ -1,10 +1,14 @@
 """Compiled artifacts on disk: read the manifest, check them, open a device, bind the weights.
 
 Checks made before any work, each with an error that names the file or field and the fix:
-- the manifest and every file it lists exist, with the recorded sha256;
+- the manifest is whole and every file it lists exists, with the recorded size and sha256
+  (dflash_iree/guard.py);
 - the device's driver can run the manifest's arch (an sm_89 module on `hip` is refused by name);
 - every parameter key the module needs is in the checkpoint with the recorded shape and dtype,
-  all problems listed at once, with the `--dtype` to compile with when only the dtype differs.
+  all problems listed at once, with the `--dtype` to compile with when only the dtype differs;
+  then the checkpoints' parsed config fields that the graph computes with against the manifest's
+  (guard.config_problems; a drafter trained for another block size only warns).
+The module is mapped read-only, so a read-only artifact folder works.
 
 Weights are bound straight from the HF safetensors files: one `iree.runtime.ParameterIndex` per
 checkpoint (scopes `target` and `drafter`), memory-mapped, never copied through Python objects.
@@ -12,11 +16,11 @@ checkpoint (scopes `target` and `drafter`), memory-mapped, never copied through 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from dflash_iree.checkpoint import index_checkpoint, sha256_file
+from dflash_iree import guard
+from dflash_iree.checkpoint import index_checkpoint
 from dflash_iree.errors import DFlashError
 
 FORMAT_VERSION = 2
@@ -65,19 +69,11 @@ class Artifacts:
         """
         folder = Path(folder)
         path = folder / "manifest.json"
-        if not path.is_file():
-            raise DFlashError(f"{path} does not exist; build the artifacts first: dflash-iree compile --arch ARCH "
-                              f"--target DIR --drafter DIR --out {folder}")
-        manifest = json.loads(path.read_text())
+        manifest = guard.read_manifest(folder)
         if manifest.get("format_version") != FORMAT_VERSION:
             raise DFlashError(f"{path}: format_version {manifest.get('format_version')} is not {FORMAT_VERSION}; "
                               "recompile with this version of dflash-iree")
-        for name, digest in manifest["files"].items():
-            f = folder / name
-            if not f.is_file():
-                raise DFlashError(f"{f} is missing (listed in {path}); recompile the artifacts")
-            if sha256_file(f) != digest:
-                raise DFlashError(f"{f}: sha256 differs from {path}; the file was changed or half written, recompile")
+        guard.check_files(folder, manifest)
         return cls(folder, manifest)
 
     @property
@@ -189,6 +185,7 @@ class Artifacts:
             raise DFlashError("\n".join(missing))
         target, drafter = folders["target"], folders["drafter"]
         problems = self.check_checkpoint("target", target) + self.check_checkpoint("drafter", drafter)
+        problems = problems or guard.config_problems(self.manifest, target, drafter)
         if problems:
             raise DFlashError(f"the checkpoints do not fit {self.folder}/manifest.json:\n" + _problem_lines(problems)
                               + _swapped_hint(self, target, drafter))
@@ -217,9 +214,14 @@ class Artifacts:
 
         instance = rt.VmInstance()
         providers = [indexes[scope].create_provider(scope=scope) for scope in ("target", "drafter")]
-        vm_module = rt.VmModule.mmap(instance, str(self.vmfb))
-        context = rt.VmContext(instance, modules=[rt.create_hal_module(instance, device),
-                                                  rt.create_io_parameters_module(instance, *providers), vm_module])
+        vm_module = _map_module(rt, instance, self.vmfb)
+        try:
+            context = rt.VmContext(instance, modules=[rt.create_hal_module(instance, device),
+                                                      rt.create_io_parameters_module(instance, *providers), vm_module])
+        except RuntimeError as e:  # the module's initializer allocates the KV caches
+            if "RESOURCE_EXHAUSTED" in str(e):
+                raise guard.out_of_memory(self.manifest, self.folder, arch_driver(self.arch), str(e)) from None
+            raise
         functions = {e["name"]: EntryCall(rt.FunctionInvoker(context, device, vm_module.lookup_function(e["name"])), e)
                      for e in self.manifest["entry_points"]}
         shapes = self.manifest["shapes"]
@@ -249,6 +251,19 @@ def open_device(arts: Artifacts, name: str | None = None):
         return rt.get_device(name)
     except Exception as e:  # the bindings raise ValueError / RuntimeError with driver messages
         raise DFlashError(f"cannot open IREE device '{name}': {e}") from None
+
+
+def _map_module(rt, instance, path: Path):
+    """The module file memory-mapped read-only: `VmModule.mmap` opens it for writing too, which
+    fails in a read-only artifact folder (a shared install, a read-only mount)."""
+    import mmap
+
+    try:
+        with open(path, "rb") as f:
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except OSError as e:
+        raise DFlashError(f"{path}: cannot read it ({e.strerror}); check its permissions") from None
+    return rt.VmModule.wrap_buffer(instance, mapped, close_buffer=True)
 
 
 def _problem_lines(problems: list[str]) -> str:

@@ -14,30 +14,47 @@ graph, which in bf16 may round differently at near-ties: those prompts are count
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from pathlib import Path
 
+from dflash_iree import validate
 from dflash_iree.errors import DFlashError
 
 
-def read_prompts(path: str | Path, limit: int | None = None) -> list:
+def read_prompts(path: str | Path, limit: int | None = None, encoding: str = "utf-8") -> list:
     """Prompts from a JSONL file: each line an object with "prompt" (text) or "prompt_ids" (ids).
 
+    Args:
+        limit: use the first `limit` prompts (>= 1), or all (None).
+        encoding: the file's text encoding (strict: bytes not valid in it are refused).
+
     Raises:
-        DFlashError: a missing file, a bad line, or no prompts.
+        DFlashError: a missing file, bytes not valid in `encoding`, a bad line (not an object, no
+            "prompt" string or "prompt_ids" list of integers), no prompts, or limit < 1.
     """
     path = Path(path)
+    if limit is not None:
+        validate.count(limit, "--limit", "prompts to use from the file")
     if not path.is_file():
         raise DFlashError(f"{path} does not exist; pass a JSONL file of {{\"prompt\": ...}} lines")
     prompts = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    for n, line in enumerate(validate.decode(path.read_bytes(), encoding, str(path)).splitlines(), 1):
         if not line.strip():
             continue
+        where = f"{path}:{n}"
         try:
             row = json.loads(line)
-            prompts.append(row["prompt_ids"] if "prompt_ids" in row else row["prompt"])
+            prompt = row["prompt_ids"] if "prompt_ids" in row else row["prompt"]
         except (ValueError, KeyError, TypeError):
-            raise DFlashError(f"{path}:{n}: expected a JSON object with a \"prompt\" or \"prompt_ids\" field") from None
+            raise DFlashError(f"{where}: expected a JSON object with a \"prompt\" or \"prompt_ids\" field") from None
+        if isinstance(prompt, str):
+            prompts.append(validate.text(prompt, f"{where} \"prompt\""))
+        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            prompts.append(prompt)
+        else:
+            raise DFlashError(f"{where}: \"prompt\" must be a string, \"prompt_ids\" a non-empty list of integer "
+                              "token ids")
     if not prompts:
         raise DFlashError(f"{path} holds no prompts")
     return prompts[:limit] if limit else prompts
@@ -57,6 +74,9 @@ def run_bench(engine, prompts: list, max_new_tokens: int = 128, temperature: flo
     Returns:
         A JSON-ready dict: per-arm tok/s and TTFT (ms) spreads, τ stats, speedup, same_tokens.
     """
+    runs = validate.count(runs, "runs", "times each prompt runs per arm")
+    if not prompts:
+        raise DFlashError("no prompts to benchmark")
     arms = {"plain": [], "dflash": []}
     same, decode_graph_diffs, accepted_all, first_ok = True, 0, [], []
     for r in range(runs):
@@ -122,6 +142,18 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def check_plot() -> None:
+    """Refuse --plot before a run when matplotlib is missing (not after it).
+
+    Raises:
+        DFlashError: matplotlib is not installed.
+    """
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise DFlashError("--plot needs matplotlib: pip install matplotlib (or leave --plot out)") from None
+
+
 def plot(result: dict, path: str | Path) -> None:
     """Draw the τ histogram and the tok/s comparison to a PNG (needs matplotlib).
 
@@ -146,4 +178,10 @@ def plot(result: dict, path: str | Path) -> None:
     ax2.bar(["plain", "dflash"], meds, yerr=errs, capsize=6)
     ax2.set(ylabel="decode tok/s", title=f"speedup {result['speedup']:.2f}x ({result['arch']})")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")  # whole or not at all, like --json
+    try:
+        fig.savefig(tmp, dpi=100, format=path.suffix.lstrip(".") or "png")
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)

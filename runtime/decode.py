@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
+from dflash_iree import validate
 from dflash_iree.acceptance import commit_round
 from dflash_iree.generation import DraftTopK
 
@@ -72,7 +73,8 @@ def draft(m: CompiledPair, req: Request, seams: Seams, start: int) -> list[int]:
     or a `draft` call (which also absorbs the last round's taps)."""
     n = req.n_draft
     if seams.proposer is not None:
-        return [int(d) for d in seams.proposer.propose(list(req.prompt) + req.tokens, None, req.ctx_start)][:n]
+        proposed = seams.proposer.propose(list(req.prompt) + req.tokens, None, req.ctx_start)
+        return validate.token_ids(proposed, req.vocab_size, "proposer draft")[:n]
     if req.draft_top_k:
         ids, top_ids, top_lps = m.draft_topk(req.taps, req.ctx_start, req.n_valid, req.tokens[-1], start,
                                              req.logprob_temperature)

@@ -35,6 +35,7 @@ import dataclasses
 import numbers
 from collections.abc import Generator
 
+from dflash_iree import validate
 from dflash_iree.acceptance import check_fits
 from dflash_iree.errors import DFlashError
 from dflash_iree.generation import DraftTopK, GenerationResult
@@ -64,6 +65,8 @@ class Engine:
         # K of the draft_topk entry point (dflash-iree compile --draft-top-k; 0: none, as in
         # manifests written before it existed)
         self.compiled_draft_top_k = int(artifacts.manifest.get("draft_top_k", 0))
+        self.vocab_size = int(artifacts.manifest["target"]["config"]["vocab_size"])  # request ids are checked against it
+        self.text_error = f"{artifacts.target_folder} has no tokenizer.json; pass token ids"  # why text fails (codec None)
 
     @classmethod
     def load(cls, artifacts: str = "compiled/host", target: str | None = None, drafter: str | None = None,
@@ -86,11 +89,14 @@ class Engine:
         arts = Artifacts.load(artifacts)
         dev = open_device(arts, device)
         module = arts.bind(dev, target, drafter)
+        text_error = None
         try:
             codec = TextCodec(arts.checkpoint_folder("target", target))
-        except DFlashError:
-            codec = None  # token-id prompts still work
-        return cls(arts, module, codec)
+        except DFlashError as e:
+            codec, text_error = None, str(e)  # token-id prompts still work; the error names the folder bound
+        engine = cls(arts, module, codec)
+        engine.text_error = text_error or engine.text_error
+        return engine
 
     # -- prompts and stop conditions -------------------------------------------------------
 
@@ -100,13 +106,14 @@ class Engine:
         Raises:
             DFlashError: text or messages without a tokenizer, or an empty prompt.
         """
-        if isinstance(prompt, str) or (prompt and isinstance(prompt[0], dict)):
+        prompt = validate.prompt(prompt)
+        if isinstance(prompt, str) or (len(prompt) and isinstance(prompt[0], dict)):
             if self.codec is None:
-                raise DFlashError(f"{self.artifacts.target_folder} has no tokenizer.json; pass token ids instead of text")
+                raise DFlashError(self.text_error)
             if isinstance(prompt, str):
                 return self.codec.encode(prompt)
             return self.codec.encode(self.codec.render_chat(list(prompt), enable_thinking=enable_thinking))
-        ids = [int(t) for t in prompt]
+        ids = validate.token_ids(prompt, self.vocab_size)
         if not ids:
             raise DFlashError("the prompt is empty; give at least one token")
         return ids
@@ -134,11 +141,11 @@ class Engine:
 
     def _stop_rule(self, stop, max_new_tokens: int) -> StopRule:
         """The eos ids, `stop`'s ids and strings (one, or a list), and the budget."""
-        items = [stop] if isinstance(stop, (str, int)) else list(stop or [])
-        strings = tuple(s for s in items if isinstance(s, str))
+        items = validate.stop_items(stop)
+        strings = tuple(validate.text(s, "stop string") for s in items if isinstance(s, str))
         if strings and self.codec is None:
             raise DFlashError("stop strings need the target's tokenizer.json; pass stop token ids instead")
-        return StopRule(self.eos_ids | {int(s) for s in items if not isinstance(s, str)}, strings, max_new_tokens,
+        return StopRule(self.eos_ids | validate.all_ids(items, self.vocab_size, "stop"), strings, max_new_tokens,
                         self.codec)
 
     def with_seams(self, **seams) -> "Engine":
@@ -192,18 +199,18 @@ class Engine:
         top_k = self._check_draft_top_k(o.draft_top_k, o.speculative, self.seams.proposer)
         ids = self.encode_prompt(prompt, o.enable_thinking)
         B = self.block_size
-        n = B - 1 if o.num_speculative_tokens is None else int(o.num_speculative_tokens)
-        if o.speculative and not 1 <= n <= B - 1:
-            raise DFlashError(f"num_speculative_tokens {n} is out of range: use 1..{B - 1} (block_size - 1 of these artifacts)")
+        n = B - 1 if o.num_speculative_tokens is None or not o.speculative else \
+            validate.num_speculative_tokens(o.num_speculative_tokens, B)
         check_fits(len(ids), o.max_new_tokens, B, self.max_context)
         stop = self._stop_rule(o.stop, o.max_new_tokens)
         m, s = self.module, self.seams
-        m.set_sampling(o.temperature, o.top_k, o.top_p, o.seed)  # before has_verify_draft: it is per sampling mode
+        # a top_k above the vocabulary keeps every token, as 0 does; clamped so that no int64 overflows
+        m.set_sampling(o.temperature, min(o.top_k, self.vocab_size), o.top_p, o.seed)  # before has_verify_draft: it is per sampling mode
         fused = o.speculative and s.fused_round and s.proposer is None and not top_k and m.has_verify_draft()
         # exact plain steps go through the graph that a drafted request with the same fused_round
         # verifies with, so that the two agree bit for bit
         fused_exact = o.exact and s.fused_round and m.has_verify_draft()
-        return Request(ids, o, stop, n, top_k, fused, fused_exact)
+        return Request(ids, o, stop, n, top_k, fused, fused_exact, vocab_size=self.vocab_size)
 
     def _decode(self, req: Request, streamer: StreamDecoder | None) -> Generator[str, None, GenerationResult]:
         """Prefill, then plain steps or speculative rounds until the request is done; yields the new

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 
+from dflash_iree import validate
 from dflash_iree.acceptance import accept_length
-from dflash_iree.errors import DFlashError
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,8 @@ class GenerateOptions:
     enable_thinking: passed to the chat template (off: drafters are trained without it).
 
     Raises (on construction):
-        DFlashError: temperature < 0, top_k < 0 or top_p outside (0, 1]. The checks that need the
+        DFlashError: a sampling value, seed or max_new_tokens out of range or of the wrong type
+            (dflash_iree/validate.py names the option and the range). The checks that need the
             artifacts (num_speculative_tokens, draft_top_k, the context length) are the Engine's.
     """
 
@@ -48,9 +49,11 @@ class GenerateOptions:
     enable_thinking: bool = False
 
     def __post_init__(self):
-        if self.temperature < 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
-            raise DFlashError(f"sampling out of range: temperature {self.temperature} (>= 0), top_k {self.top_k} "
-                              f"(>= 0), top_p {self.top_p} (in (0, 1])")
+        t, k, p, seed = validate.sampling(self.temperature, self.top_k, self.top_p, self.seed, None)
+        for name, value in (("temperature", t), ("top_k", k), ("top_p", p), ("seed", seed),
+                            ("max_new_tokens", validate.count(self.max_new_tokens, "max_new_tokens",
+                                                              "new tokens to generate"))):
+            object.__setattr__(self, name, value)  # frozen: the checked, normalised value
 
     @classmethod
     def of(cls, options: GenerateOptions | None = None, **overrides) -> GenerateOptions:

@@ -72,6 +72,7 @@ class Request:
     fused_round: rounds run as one `verify_draft` call (else a `draft` and a `verify` call).
     fused_exact: `exact` plain steps run through `verify_draft` (else through `verify`).
     stream: the module's stream slot that holds this request's KV caches (0: the one served).
+    vocab_size: the target's vocabulary; every token id the request holds is below it.
 
     State as decoding goes:
     tokens: the new tokens committed so far; tokens[-1] is the anchor of the next step.
@@ -93,6 +94,7 @@ class Request:
     fused_round: bool = False
     fused_exact: bool = False
     stream: int = 0
+    vocab_size: int = 0
     tokens: list[int] = field(default_factory=list)
     done: bool = False
     taps: object = None

@@ -13,6 +13,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from dflash_iree import validate
 from dflash_iree.errors import DFlashError
 
 
@@ -32,18 +33,30 @@ class TextCodec:
         folder = Path(folder)
         path = folder / "tokenizer.json"
         if not path.is_file():
-            raise DFlashError(f"{path} does not exist; text prompts need the target's tokenizer.json (or pass token ids)")
+            raise DFlashError(f"{path} does not exist; text prompts need the target's tokenizer.json: pass a --target "
+                              "folder that has one, or token ids (--prompt-ids)")
         try:
             self.tokenizer = Tokenizer.from_file(str(path))
         except Exception as e:  # tokenizers raises a bare Exception on bad files
             raise DFlashError(f"{path}: not a readable tokenizer ({e})") from None
         cfg_path = folder / "tokenizer_config.json"
-        self.config = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+        try:
+            self.config = json.loads(cfg_path.read_bytes()) if cfg_path.is_file() else {}
+        except (OSError, ValueError) as e:
+            raise DFlashError(f"{cfg_path}: not a readable JSON file ({e}); fix or remove it") from None
+        if not isinstance(self.config, dict):
+            raise DFlashError(f"{cfg_path}: not a JSON object; fix or remove it")
         self.folder = folder
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of `text`, without special tokens added."""
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        """Token ids of `text`, without special tokens added.
+
+        Raises:
+            DFlashError: `text` is not a str, or holds a lone surrogate (undecoded bytes).
+        """
+        if not isinstance(text, str):
+            raise DFlashError(f"the prompt text is a {type(text).__name__}, not a str")
+        return self.tokenizer.encode(validate.text(text, "the prompt"), add_special_tokens=False).ids
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of `ids`, special tokens skipped."""
@@ -59,6 +72,10 @@ class TextCodec:
         Raises:
             DFlashError: the checkpoint has no chat template, or the template raised an error.
         """
+        for i, m in enumerate(messages):
+            if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+                raise DFlashError(f"chat message {i} is {m!r}; each message is {{\"role\": str, \"content\": str}}")
+            validate.text(m["content"], f"chat message {i}")
         template = self.config.get("chat_template")
         if not template:
             raise DFlashError(f"{self.folder}/tokenizer_config.json has no chat_template; pass text or token ids instead of messages")

@@ -44,3 +44,29 @@ def host_artifacts(tmp_path_factory, target_dir, drafter_dir) -> Path:
     out = tmp_path_factory.mktemp("compiled") / "host"
     compile_artifacts("host", target_dir, drafter_dir, out, max_context=256, log=Progress(open(os.devnull, "w")))
     return out
+
+
+LONG_CONTEXT = 10240  # the soak's 10k tokens + prompt + block
+
+
+@pytest.fixture(scope="session")
+def long_pair(tiny_dir) -> tuple[Path, Path]:
+    """(target, drafter) for long generations: the tiny shapes with the demo target's vocabulary
+    (8192) and tokenizer, max_position_embeddings 16384; drafter block 4."""
+    import shutil
+
+    demo = Path(__file__).resolve().parents[1] / "models" / "demo" / "target"
+    target = make_target(tiny_dir / "long-target", seed=2, vocab_size=8192, max_position_embeddings=16384)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(demo / name, target / name)
+    return target, make_drafter(tiny_dir / "long-drafter", target, seed=2, block_size=4)
+
+
+@pytest.fixture(scope="session")
+def long_artifacts(tmp_path_factory, long_pair) -> Path:
+    """long_pair compiled for the host CPU with max_context LONG_CONTEXT, once per session."""
+    from dflash_iree.export.compile import Progress, compile_artifacts
+
+    out = tmp_path_factory.mktemp("compiled-long") / "host"
+    compile_artifacts("host", *long_pair, out, max_context=LONG_CONTEXT, log=Progress(open(os.devnull, "w")))
+    return out
