@@ -40,11 +40,13 @@ ARMS = ("plain", "two_calls", "fused")
 
 
 def _variants() -> dict:
-    from dflash_iree.export.splice import SPLICES, splice_gemm, splice_norm_rope, splice_topk
+    from dflash_iree.export.splice import LOWERINGS, LINEAR_OP, LINEAR_RESIDUAL_OP, LINEAR_SWIGLU_OP, to_iree
+    from dflash_iree.export.splice import ATTENTION_OP, lower_linear
 
-    keep = {"topk": splice_topk, "norm_rope": splice_norm_rope}  # the custom ops must be replaced
-    return {"gemm": {**keep, "gemm": functools.partial(splice_gemm, min_weight_bytes=0)},
-            "gemm4m": SPLICES,
+    # the named ops must all be lowered: "none" gives the linears and the attention to IREE
+    keep = {**LOWERINGS, "gemm": to_iree(LINEAR_OP, LINEAR_RESIDUAL_OP, LINEAR_SWIGLU_OP), "attention": to_iree(ATTENTION_OP)}
+    return {"gemm": {**keep, "gemm": functools.partial(lower_linear, min_weight_bytes=0)},
+            "gemm4m": LOWERINGS,
             "none": keep}
 
 

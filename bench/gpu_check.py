@@ -50,7 +50,7 @@ def prepare(arch: str, every_gemm: bool = False) -> None:
         make_target(target)
         make_drafter(drafter, target)
     compile_artifacts(arch, target, drafter, WORK / f"tiny-{arch}", max_context=256)
-    splices = {**splice.SPLICES, "gemm": functools.partial(splice.splice_gemm, min_weight_bytes=0)} if every_gemm else None
+    splices = {**splice.LOWERINGS, "gemm": functools.partial(splice.lower_linear, min_weight_bytes=0)} if every_gemm else None
     compile_artifacts(arch, ROOT / "models/demo/target", ROOT / "models/demo/drafter", WORK / f"demo-{arch}",
                       max_context=512, splices=splices)
     eager = load_target(target, 256)

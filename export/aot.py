@@ -23,8 +23,9 @@ the drafter uses too) are bound once. What the module looks like from outside:
 - `verify_draft` is a whole speculative round in one call (verify, the acceptance count on the
   device, the next draft), so a round costs one call and one read of the host's instead of two; the host's
   `accept_length` stays the rule, and the runtime checks the device's count against it every round.
-- `draft_topk` (when compiled with a top-K count) computes its top-K with a custom op
-  (export/ops.py) that export/splice.py replaces, per arch, with the dispatch of kernels/topk.py.
+- Every custom kernel is a named op of export/ops.py (the linears, the block attention, the head
+  norm + rope, and `draft_topk`'s top-K, when compiled with a top-K count), which export/splice.py
+  lowers per arch to the kernel of kernels/ or to IREE's own ops.
 - The leading dim S of every argument is the stream count (1 for now).
 
 The model is built on the meta device, so exporting the 8B shapes allocates no weights.
@@ -42,7 +43,7 @@ from dflash_iree.config import DrafterConfig, TargetConfig
 from .dflash import DFlashDrafter
 from .qwen3 import Qwen3
 from .sampling import Sampling
-from .splice import strip_locations
+from .mlir import strip_locations
 
 KV_PAGE = 32  # cache rows per page; attention reads pages.shape[0] * KV_PAGE rows
 TARGET_SCOPE = "target"
@@ -335,11 +336,12 @@ def _example(spec: TensorSpec, dims: dict[str, torch.export.Dim]):
     return torch.zeros(shape, dtype=_TORCH_DTYPES[spec.dtype], device="meta"), dynamic
 
 
-def export_module(pair: Pair, shapes: ExportShapes, sampled: bool = True, log=None):
+def export_module(pair: Pair, shapes: ExportShapes, sampled: bool = True, log=None, only=None):
     """Export every entry point of `pair` into one MLIR module.
 
     Args:
         log: called with a progress line after each traced entry point and after the import.
+        only: names of the entry points to export (tests); None for all.
 
     Returns:
         (iree-turbine's ExportOutput: `.save_mlir(path)` writes the module, the entry points).
@@ -361,7 +363,7 @@ def export_module(pair: Pair, shapes: ExportShapes, sampled: bool = True, log=No
     ExternalTensorTrait(_STATE_SCOPE, "drafter.ctx_cache").set(pair.drafter.ctx_cache)
 
     dims = {name: torch.export.Dim(name, min=d["min"], max=d["max"]) for name, d in shapes.dims.items()}
-    entries = entry_points(shapes, sampled)
+    entries = [e for e in entry_points(shapes, sampled) if only is None or e.name in only]
     fxb = aot.FxProgramsBuilder(pair)
     with aot.decompositions.extend_aot_decompositions() as table:
         table[torch.ops.aten.linear.default] = _linear_2d

@@ -5,7 +5,8 @@ several archs):
 - `plan()` reads and checks the two config.json files and the options; it raises `DFlashError`
   before anything is written;
 - `export_mlir()` builds the modules on the meta device and exports them (export/aot.py);
-- `lower()` splices the custom dispatches for one arch into a copy of the export (export/splice.py),
+- `lower()` lowers the export's named ops for one arch into a copy of it (export/splice.py: the
+  arch's kernels, or IREE's own ops where the arch's rules say so),
   runs iree-compile and writes `dflash.vmfb` and `manifest.json` into a temporary folder beside
   the destination, then renames it into place, so an interrupted compile leaves no half artifact.
 """
@@ -28,7 +29,7 @@ from pathlib import Path
 from dflash_iree.checkpoint import sha256_file
 from dflash_iree.config import DrafterConfig, TargetConfig, config_hash, load_drafter_config, load_target_config
 from dflash_iree.errors import DFlashError
-from dflash_iree.export.splice import last_report, splice_file
+from dflash_iree.export.splice import splice_file
 from dflash_iree.kernels.norm_rope import ARCHS as NORM_ROPE_ARCHS
 
 FORMAT_VERSION = 2  # 2: what the host reads is written into the caller's buffers (EntryPoint.writes)
@@ -239,7 +240,7 @@ def export_mlir(p: Plan, path: str | Path, log=None) -> Path:
     return Path(path)
 
 
-_EXPORT_SOURCES = ("aot.py", "qwen3.py", "dflash.py", "sampling.py", "ops.py")
+_EXPORT_SOURCES = ("aot.py", "qwen3.py", "dflash.py", "sampling.py", "ops.py", "mlir.py")
 
 
 def cache_dir() -> Path | None:
@@ -375,7 +376,7 @@ def manifest(p: Plan, arch: Arch, flags: list[str], stats: dict, files: dict, re
                      "iree_turbine": _version("iree-turbine"), "dflash_iree": _version("dflash-iree")},
         "flags": flags,
         "splice_flags": list(splice_flags),
-        "splices": splices or {},  # what export/splice.py replaced, per splice (last_report())
+        "splices": splices or {},  # what export/splice.py replaced, and its rules (splice_file's report)
         "target": _config_entry(p.target, out),
         "drafter": _config_entry(p.drafter, out),
         "block_size": p.block_size,
@@ -401,7 +402,7 @@ def manifest(p: Plan, arch: Arch, flags: list[str], stats: dict, files: dict, re
 
 def lower(p: Plan, arch_name: str, mlir: str | Path, out_dir: str | Path, log=None, record: bool = False,
           dump_phases: str | Path | None = None, splices: dict | None = None) -> dict:
-    """Splice the arch's custom dispatches into a copy of the exported MLIR (export/splice.py), then
+    """Lower the named ops for the arch in a copy of the exported MLIR (export/splice.py), then
     compile it for that arch into `out_dir` (written whole, or not at all).
 
     Args:
@@ -413,7 +414,7 @@ def lower(p: Plan, arch_name: str, mlir: str | Path, out_dir: str | Path, log=No
         record: compile host for the fixed record CPU (RECORD_HOST_FLAGS).
         dump_phases: also write every compilation phase's IR there (the HAL IR is `*.hal.mlir`);
             the module is the same.
-        splices: name -> splice, in place of export/splice.py's SPLICES (a compile experiment).
+        splices: name -> lowering, in place of export/splice.py's LOWERINGS (a compile experiment).
 
     Returns:
         The manifest.
@@ -432,8 +433,7 @@ def lower(p: Plan, arch_name: str, mlir: str | Path, out_dir: str | Path, log=No
         vmfb = stage / MODULE_FILE
         stats_file = stage / "stats.csv"
         t0 = time.perf_counter()
-        source, splice_flags = splice_file(mlir, stage / "spliced.mlirbc", arch.name, splices)
-        replaced = last_report()
+        source, splice_flags, replaced = splice_file(mlir, stage / "spliced.mlirbc", arch.name, splices)
         if source != Path(mlir):
             log(f"splice: custom dispatches for {arch.name} in {time.perf_counter() - t0:.1f}s")
         log(f"compile: iree-compile for {arch.name} ({arch.about}) ...")

@@ -8,6 +8,7 @@ import pytest
 
 from dflash_iree.errors import DFlashError
 from dflash_iree.kernels.isa import NORM_ROPE_KERNELS, inspect_object
+NORM_ROPE_OP = "torch.dflash.head_norm_rope"  # export/ops.py NORM_ROPE_OP (no torch import here)
 from dflash_iree.kernels.norm_rope import ARCHS, norm_rope_dispatch, object_file, standalone_module
 
 H, HD = 4, 16
@@ -132,7 +133,6 @@ def exported(tmp_path_factory):
 
 
 def test_only_the_gpu_form_exports_the_op(exported):
-    from dflash_iree.export.splice import NORM_ROPE_OP
 
     assert NORM_ROPE_OP in exported["fused"].read_text() and NORM_ROPE_OP not in exported["matmul"].read_text()
 
@@ -142,11 +142,11 @@ def test_splice_takes_the_op(exported, tmp_path):
     from dflash_iree.export import splice
     from dflash_iree.export.compile import compile_flags, resolve_arch
 
-    out, flags = splice.splice_file(exported["fused"], tmp_path / "s.mlirbc", "sm_80",
-                                    {"norm_rope": splice.splice_norm_rope})
+    out, flags, report = splice.splice_file(exported["fused"], tmp_path / "s.mlirbc", "sm_80",
+                                            {"norm_rope": splice.lower_norm_rope})
     text = str(splice.load(out))
-    assert splice.NORM_ROPE_OP not in text and text.count("util.call @dflash_norm_rope_1xDx4x16_f32_358637bd") == 1
-    assert splice.last_report() == {"norm_rope": [{"S": 1, "T": None, "H": H, "head_dim": HD, "dtype": "f32", "ops": 1}]}
+    assert NORM_ROPE_OP not in text and text.count("util.call @dflash_norm_rope_1xDx4x16_f32_358637bd") == 1
+    assert report["norm_rope"] == [{"S": 1, "T": None, "H": H, "head_dim": HD, "dtype": "f32", "ops": 1}]
     extra = [f for f in compile_flags(resolve_arch("sm_80")[0]) if "opt-level" not in f]
     assert len(ic.compile_file(str(out), extra_args=extra + flags)) > 10000
 
@@ -169,10 +169,10 @@ def test_splice_pairs_q_and_k(tmp_path, case):
     dynamic = {n: {1: T} for n in ("q", "k", "cos", "sin")} if T else None
     aot.export(_pair_module(use_q_first), args=(x, x[:, :, :2].clone(), cos, sin),
                dynamic_shapes=dynamic).save_mlir(tmp_path / "m.mlir")
-    out, flags = splice.splice_file(tmp_path / "m.mlir", tmp_path / "s.mlirbc", "sm_80",
-                                    {"norm_rope": splice.splice_norm_rope})
+    out, flags, report = splice.splice_file(tmp_path / "m.mlir", tmp_path / "s.mlirbc", "sm_80",
+                                            {"norm_rope": splice.lower_norm_rope})
     text = str(splice.load(out))
-    report = splice.last_report()["norm_rope"]
+    report = report["norm_rope"]
     if use_q_first:
         assert "dflash_norm_rope2" not in text and sorted(r["H"] for r in report) == [2, H]
     else:
@@ -190,7 +190,7 @@ def test_splice_refuses_the_host(exported, tmp_path):
     from dflash_iree.export import splice
 
     with pytest.raises(DFlashError, match="no head norm \\+ rope kernel for arch 'host'"):
-        splice.splice_file(exported["fused"], tmp_path / "s.mlirbc", "host", {"norm_rope": splice.splice_norm_rope})
+        splice.splice_file(exported["fused"], tmp_path / "s.mlirbc", "host", {"norm_rope": splice.lower_norm_rope})
 
 
 def test_a_custom_op_left_unspliced_is_refused(exported, tmp_path):
@@ -200,7 +200,7 @@ def test_a_custom_op_left_unspliced_is_refused(exported, tmp_path):
     from dflash_iree.export import splice
 
     with pytest.raises(DFlashError, match="torch.dflash.head_norm_rope left in the module"):
-        splice.splice_file(exported["fused"], tmp_path / "s.mlirbc", "sm_80", {"topk": splice.splice_topk})
+        splice.splice_file(exported["fused"], tmp_path / "s.mlirbc", "sm_80", {"topk": splice.lower_topk})
 
 
 def test_the_fused_form_is_refused_for_the_host(target_dir, drafter_dir, tmp_path):
