@@ -21,12 +21,12 @@ def _dims(x) -> list[str]:
 def _parse_norm_rope(op):
     """(S, T, H, hd, dtype, eps) of a head norm + rope op; T None when dynamic. Raises DFlashError."""
     x, weight, cos, sin, eps, zero_centered, rotary_dim = op.operands
-    if constant_bool(zero_centered) or constant_int(rotary_dim) not in (0, _dims(x)[3]):
-        raise DFlashError(f"splice: {NORM_ROPE_OP} with a zero-centred norm or a partial rotary has no kernel "
-                          "yet, and the op no reference to fall back on: export it op by op (export/qwen3.py)")
     dims = _dims(x)
     if len(dims) != 5 or "?" in (dims[0], dims[2], dims[3]):
         raise DFlashError(f"splice: {NORM_ROPE_OP} takes x [S, T, H, hd] with static S, H, hd, got {x.type}")
+    if constant_bool(zero_centered) or constant_int(rotary_dim) not in (0, int(dims[3])):
+        raise DFlashError(f"splice: {NORM_ROPE_OP} with a zero-centred norm or a partial rotary has no kernel "
+                          "yet, and the op no reference to fall back on: export it op by op (export/qwen3.py)")
     return int(dims[0]), None if dims[1] == "?" else int(dims[1]), int(dims[2]), int(dims[3]), dims[4], constant_float(eps)
 
 

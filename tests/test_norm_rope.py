@@ -117,6 +117,23 @@ def test_eager_forms_agree():
     assert torch.equal(head_norm_rope(x, m.norm.weight, cos, sin, m.norm.eps), want)
 
 
+def test_eager_op_variants():
+    """The op's parameters for the coming families: a zero-centred (1 + w) norm, and a partial rotary
+    (the first rotary_dim dims of a head rotate, the rest pass through)."""
+    torch = pytest.importorskip("torch")
+    from dflash_iree.export.ops import head_norm_rope
+    from dflash_iree.export.qwen3 import apply_rope, rms_norm
+
+    x, cos, sin = _inputs()
+    w = torch.randn(HD)
+    assert torch.equal(head_norm_rope(x, w, cos, sin, 1e-6, True, 0), apply_rope(rms_norm(x, 1 + w, 1e-6), cos, sin))
+    half = HD // 2
+    y = head_norm_rope(x, w, cos[..., :half], sin[..., :half], 1e-6, False, half)
+    normed = rms_norm(x, w, 1e-6)
+    assert torch.equal(y[..., half:], normed[..., half:])
+    assert torch.equal(y[..., :half], apply_rope(normed[..., :half], cos[..., :half], sin[..., :half]))
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     """The module exported in each form, with a dynamic token count."""
