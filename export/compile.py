@@ -25,11 +25,13 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
+# ARCHS, ALIASES, RECORD_HOST_FLAGS, resolve_arch and compile_flags are read from here too (tests, bench).
+from dflash_iree.arch import (ALIASES, ARCHS, RECORD_HOST_FLAGS, Arch, compile_flags,  # noqa: F401
+                              kernel_archs, resolve_arch)
 from dflash_iree.checkpoint import sha256_file
 from dflash_iree.config import DrafterConfig, TargetConfig, config_hash, load_drafter_config, load_target_config
 from dflash_iree.errors import DFlashError
 from dflash_iree.export.splice import last_report, splice_file
-from dflash_iree.kernels.norm_rope import ARCHS as NORM_ROPE_ARCHS
 
 FORMAT_VERSION = 2  # 2: what the host reads is written into the caller's buffers (EntryPoint.writes)
 MODULE_FILE = "dflash.vmfb"
@@ -37,95 +39,6 @@ MANIFEST_FILE = "manifest.json"
 DEFAULT_CONTEXT = 4096
 MIN_CONTEXT = 64
 DEFAULT_DRAFT_TOP_K = 8  # K of the draft_topk entry point; 0 compiles none
-
-
-@dataclass(frozen=True)
-class Arch:
-    """A compile target: the iree-compile flags and the runtime driver that runs the result."""
-
-    name: str
-    driver: str  # iree.runtime driver: local-task | hip | cuda
-    flags: tuple[str, ...]
-    about: str
-    # The attention form the backend runs best (export/qwen3.py): IREE's fused attention op on GPUs,
-    # matmul + softmax + matmul on the CPU, 1.5x faster there (docs/benchmarks.md, host demo).
-    attention: str = "fused"
-
-
-def _cpu(cpu: str, triple: str | None = None) -> tuple[str, ...]:
-    flags = ("--iree-hal-target-device=local", "--iree-hal-local-target-device-backends=llvm-cpu")
-    if triple:
-        flags += (f"--iree-llvmcpu-target-triple={triple}",)
-    return flags + (f"--iree-llvmcpu-target-cpu={cpu}",)
-
-
-# GPUs: global optimization at O3 fuses more per dispatch (Qwen3-8B decode 1308 -> 945 dispatches);
-# on the H200 decode went 11.6 -> 10.5 ms and verify 26.0 -> 20.5 ms, exactness unchanged
-# (docs/benchmarks.md, "Qwen3-8B shapes"). `--iree-opt-level=O3` and the aggressive dispatch-creation
-# fusion flags cut further (656) but make the compile many times slower, so they are left out.
-GPU_OPT = ("--iree-global-optimization-opt-level=O3",)
-
-
-def _hip(chip: str) -> tuple[str, ...]:
-    return ("--iree-hal-target-device=hip", f"--iree-rocm-target={chip}", *GPU_OPT)
-
-
-def _cuda(sm: str) -> tuple[str, ...]:
-    return ("--iree-hal-target-device=cuda", f"--iree-cuda-target={sm}", *GPU_OPT)
-
-
-# The pinned compiler's ROCm backend refuses `--iree-rocm-target=gfx1030` ("Unknown ROCM target"), though
-# its GPU target table knows RDNA2; the device target is therefore given in full, with the values of that
-# table (KnownTargets.cpp, getRDNA2WgpDetails: no MMA intrinsics, wave32/64, 64 KiB workgroup memory).
-_GFX1030 = (
-    '#hal.device.target<"hip", [#hal.executable.target<"rocm", "rocm-hsaco-fb", {abi = "hip", '
-    'iree.encoding.resolver = #iree_gpu.gpu_encoding_resolver<>, iree_codegen.target_info = #iree_gpu.target<'
-    'arch = "gfx1030", features = "", wgp = <compute = fp64|fp32|fp16|int64|int32|int16|int8, '
-    'storage = b64|b32|b16|b8, subgroup = shuffle|arithmetic, dot = dp4xi8toi32, mma = [], '
-    'subgroup_size_choices = [32, 64], max_workgroup_sizes = [1024, 1024, 1024], max_thread_count_per_workgroup = 1024, '
-    'max_workgroup_memory_bytes = 65536, max_workgroup_counts = [2147483647, 2147483647, 2147483647]>>, '
-    'ukernels = "none"}>]>')
-
-
-ARCHS: dict[str, Arch] = {a.name: a for a in (
-    Arch("host", "local-task", _cpu("host"), "llvm-cpu for this machine's CPU", attention="matmul"),
-    Arch("gfx1030", "hip", (f"--iree-hal-target-device={_GFX1030}", *GPU_OPT), "RDNA2 (RX 6800/6900)"),
-    Arch("gfx1100", "hip", _hip("gfx1100"), "RDNA3 (RX 7900 XTX/XT, W7900)"),
-    Arch("gfx1151", "hip", _hip("gfx1151"), "RDNA3.5 (Strix Halo, Ryzen AI Max)"),
-    Arch("gfx1201", "hip", _hip("gfx1201"), "RDNA4 (RX 9070 XT)"),
-    Arch("sm_80", "cuda", _cuda("sm_80"), "Ampere (A100); its PTX also runs on Hopper"),
-    Arch("sm_86", "cuda", _cuda("sm_86"), "Ampere (RTX 30xx, A10, A40)"),
-    Arch("sm_89", "cuda", _cuda("sm_89"), "Ada (RTX 40xx, L4, L40S)"),
-)}
-
-_HOPPER = ("the pinned iree-base-compiler 3.13 has no sm_90 target (iree-org/iree#22147); sm_80 PTX is "
-           "JIT-compiled for Hopper by the CUDA driver when the module loads")
-ALIASES: dict[str, tuple[str, str]] = {
-    "strix-halo": ("gfx1151", ""),
-    "rx7900xtx": ("gfx1100", ""),
-    "h100": ("sm_80", _HOPPER),
-    "h200": ("sm_80", _HOPPER),
-}
-
-# The host record is made for a fixed, named CPU, not this machine's features, so that it
-# is the same on every machine that makes it.
-RECORD_HOST_FLAGS = _cpu("x86-64-v3", "x86_64-unknown-linux-gnu")
-
-
-def resolve_arch(name: str) -> tuple[Arch, str]:
-    """An ARCH name or alias -> (Arch, note for the user, "" when none).
-
-    Raises:
-        DFlashError: an unknown name, listing the accepted ones.
-    """
-    key = name.strip().lower()
-    if key in ARCHS:
-        return ARCHS[key], ""
-    if key in ALIASES:
-        real, note = ALIASES[key]
-        return ARCHS[real], f"{name} -> {real}" + (f": {note}" if note else "")
-    accepted = ", ".join(ARCHS) + "; aliases: " + ", ".join(f"{a} ({r})" for a, (r, _) in ALIASES.items())
-    raise DFlashError(f"unknown ARCH '{name}'; accepted: {accepted}")
 
 
 @dataclass
@@ -305,12 +218,6 @@ def iree_compile_tool() -> str:
     if not found:
         raise DFlashError("iree-compile was not found; install the compile extra: pip install 'dflash-iree[compile]'")
     return found
-
-
-def compile_flags(arch: Arch, record: bool = False) -> list[str]:
-    """The exact iree-compile flags for an arch; `record` swaps host's CPU for the fixed record CPU."""
-    flags = RECORD_HOST_FLAGS if record and arch.name == "host" else arch.flags
-    return list(flags)
 
 
 def run_iree_compile(mlir: Path, vmfb: Path, flags: list[str], stats: Path, extra: list[str] = ()) -> None:
@@ -507,9 +414,9 @@ def compile_artifacts(arch: str, target_dir, drafter_dir, out_dir=None, block_si
     resolved, note = resolve_arch(arch)
     if note:
         log(f"note: {note}")
-    if (attention or resolved.attention) == "fused" and resolved.name not in NORM_ROPE_ARCHS:
+    if (attention or resolved.attention) == "fused" and not resolved.has("norm_rope"):
         raise DFlashError(f"attention form 'fused' exports the q/k norm + rope custom op, which has a kernel on GPU "
-                          f"archs only ({', '.join(NORM_ROPE_ARCHS)}), not {resolved.name}: compile the 'matmul' form")
+                          f"archs only ({', '.join(kernel_archs('norm_rope'))}), not {resolved.name}: compile the 'matmul' form")
     p = plan(target_dir, drafter_dir, block_size, max_context, dtype, streams, sampled, draft_top_k,
              attention or resolved.attention)
     out = Path(out_dir) if out_dir else Path("compiled") / resolved.name

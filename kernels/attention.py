@@ -25,11 +25,13 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dflash_iree.arch import kernel_archs
 from dflash_iree.errors import DFlashError
 
-from .gemm import CUDA_ARCHS, OBJECTS_DIR, executable_source, gpu_object, pipeline_layout
+from .gemm import OBJECTS_DIR, executable_source, gpu_object, pipeline_layout
 
-HIP_ARCHS = ("gfx1030", "gfx1100", "gfx1151", "gfx1201")  # no matrix instructions needed: gfx1030 too
+CUDA_ARCHS = kernel_archs("attention", "cuda")
+HIP_ARCHS = kernel_archs("attention", "hip")  # no matrix instructions needed: gfx1030 too
 ARCHS = CUDA_ARCHS + HIP_ARCHS
 THREADS = 256  # attention_body.h AT_T
 ROWS_PER_WORKGROUP = 16  # attention_body.h AT_RW

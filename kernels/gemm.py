@@ -25,11 +25,12 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dflash_iree.arch import kernel_archs
 from dflash_iree.errors import DFlashError
 
 OBJECTS_DIR = Path(__file__).resolve().parent / "objects"
-CUDA_ARCHS = ("sm_80", "sm_86", "sm_89")
-HIP_ARCHS = ("gfx1100", "gfx1151", "gfx1201")
+CUDA_ARCHS = kernel_archs("gemm", "cuda")
+HIP_ARCHS = kernel_archs("gemm", "hip")
 ARCHS = CUDA_ARCHS + HIP_ARCHS
 MAX_M = 64
 MAX_WEIGHTS = 3  # weights of one x in one dispatch (q, k, v)

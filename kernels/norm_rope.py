@@ -23,12 +23,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from dflash_iree.arch import kernel_archs
 from dflash_iree.errors import DFlashError
 
-from .attention import HIP_ARCHS, f32_bits
-from .gemm import CUDA_ARCHS, OBJECTS_DIR, executable_source, gpu_object, pipeline_layout
+from .attention import f32_bits
+from .gemm import OBJECTS_DIR, executable_source, gpu_object, pipeline_layout
 
-ARCHS = CUDA_ARCHS + HIP_ARCHS  # scalar math: every GPU arch, gfx1030 included
+ARCHS = kernel_archs("norm_rope")  # scalar math: every GPU arch, gfx1030 included
 THREADS = 64  # norm_rope_body.h NR_T
 DTYPES = {"f32": 0, "bf16": 1, "f16": 2}  # norm_rope_body.h NR_F32, NR_BF16, NR_F16
 

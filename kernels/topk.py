@@ -16,14 +16,15 @@ import platform
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dflash_iree.arch import kernel_archs
 from dflash_iree.errors import DFlashError
 from .gemm import executable_head
 
 MAX_K = 64
 OBJECTS_DIR = Path(__file__).resolve().parent / "objects"
 
-CUDA_ARCHS = ("sm_80", "sm_86", "sm_89")
-HIP_ARCHS = ("gfx1030", "gfx1100", "gfx1151", "gfx1201")
+CUDA_ARCHS = kernel_archs("topk", "cuda")
+HIP_ARCHS = kernel_archs("topk", "hip")
 ARCHS = ("host",) + CUDA_ARCHS + HIP_ARCHS
 
 # Threads x elements per round of one workgroup, as compiled into the objects (DK_T * DK_U in

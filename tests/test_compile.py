@@ -206,8 +206,14 @@ def test_aliases():
     for hopper in ("h100", "h200"):
         arch, note = cc.resolve_arch(hopper)
         assert arch.name == "sm_80" and "sm_90" in note
-    with pytest.raises(DFlashError):
-        cc.resolve_arch("sm_90")
+    for hopper in ("sm_90", "sm_90a"):  # no such target in the pinned compiler: the message gives the way
+        with pytest.raises(DFlashError, match=rf"--arch {hopper}: .*no sm_90 target.*use --arch h200 or h100 \(sm_80\)"):
+            cc.resolve_arch(hopper)
+
+
+def test_refuses_sm_90_with_the_way_that_works(capsys, tmp_path, target_dir, drafter_dir):
+    _refused(capsys, ["--arch", "sm_90", "--target", str(target_dir), "--drafter", str(drafter_dir)],
+             tmp_path / "o", r"no sm_90 target .*JIT-compiled for Hopper.*use --arch h200 or h100 \(sm_80\)")
 
 
 # ---------------------------------------------------------------- the CLI's artifact
