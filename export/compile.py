@@ -31,11 +31,9 @@ from dflash_iree.arch import (ALIASES, ARCHS, RECORD_HOST_FLAGS, Arch, compile_f
 from dflash_iree.checkpoint import sha256_file
 from dflash_iree.config import DrafterConfig, TargetConfig, config_hash, load_drafter_config, load_target_config
 from dflash_iree.errors import DFlashError
+from dflash_iree.manifest import COMPUTE_DTYPES, FORMAT_VERSION, KV_PAGE, MANIFEST_FILE, MODULE_FILE, Manifest  # noqa: F401
 from dflash_iree.export.splice import last_report, splice_file
 
-FORMAT_VERSION = 2  # 2: what the host reads is written into the caller's buffers (EntryPoint.writes)
-MODULE_FILE = "dflash.vmfb"
-MANIFEST_FILE = "manifest.json"
 DEFAULT_CONTEXT = 4096
 MIN_CONTEXT = 64
 DEFAULT_DRAFT_TOP_K = 8  # K of the draft_topk entry point; 0 compiles none
@@ -63,8 +61,12 @@ class Plan:
 
 def plan(target_dir: str | Path, drafter_dir: str | Path, block_size: int | None = None,
          max_context: int | None = None, dtype: str | None = None, streams: int = 1, sampled: bool = True,
-         draft_top_k: int = DEFAULT_DRAFT_TOP_K, attention: str = "fused") -> Plan:
+         draft_top_k: int = DEFAULT_DRAFT_TOP_K, attention: str = "fused", *, multi_stream: bool = False) -> Plan:
     """Read and check the two config.json files and the options. Reads no weights, writes nothing.
+
+    streams: the leading stream dimension S of every entry point and cache. Only 1 is accepted, as
+    the runtime serves stream 0 alone; `multi_stream=True` lets S > 1 through, for the test that
+    keeps the stream dimension exporting and compiling (tests/test_compile.py), never for users.
 
     draft_top_k: K of the `draft_topk` entry point (the draft's top-K ids and log-probs), 1..64 and
     at most the vocabulary; 0 compiles no such entry point.
@@ -72,9 +74,9 @@ def plan(target_dir: str | Path, drafter_dir: str | Path, block_size: int | None
 
     Raises:
         DFlashError: a missing config, an unsupported family, a drafter that does not fit the
-            target, block_size / max_context / dtype / streams / draft_top_k out of range.
+            target, block_size / max_context / dtype / streams / draft_top_k out of range, streams > 1
+            without multi_stream.
     """
-    from dflash_iree.export.aot import KV_PAGE
     from dflash_iree.kernels.topk import MAX_K
 
     tcfg = load_target_config(target_dir)
@@ -90,10 +92,13 @@ def plan(target_dir: str | Path, drafter_dir: str | Path, block_size: int | None
         raise DFlashError(f"--max-context {max_context} is out of range: use a multiple of {KV_PAGE} from "
                           f"{MIN_CONTEXT} to {limit} (the target's max_position_embeddings)")
     dtype = dtype or tcfg.dtype
-    if dtype not in ("bf16", "f16", "f32"):
+    if dtype not in COMPUTE_DTYPES:
         raise DFlashError(f"--dtype {dtype} is not supported; use bf16, f16 or f32")
     if streams < 1:
-        raise DFlashError(f"--streams {streams} is out of range: use 1 or more")
+        raise DFlashError(f"--streams {streams} is out of range: use 1")
+    if streams > 1 and not multi_stream:
+        raise DFlashError(f"--streams {streams} is not supported yet: the runtime serves one stream (stream 0) "
+                          "only; use --streams 1 (the default)")
     most = min(MAX_K, tcfg.vocab_size)
     if not 0 <= draft_top_k <= most:
         raise DFlashError(f"--draft-top-k {draft_top_k} is out of range: use 1..{most} (the top-K kernel's limit, "
@@ -266,48 +271,47 @@ def _config_entry(cfg, out: Path) -> dict:
 
 
 def manifest(p: Plan, arch: Arch, flags: list[str], stats: dict, files: dict, requested: str, note: str,
-             compile_s: float, splice_flags: list[str] = (), splices: dict | None = None, *, out: Path) -> dict:
-    """The manifest.json contents (see docs in README, `make compile`) of the artifact folder `out`."""
-    from dflash_iree.export.aot import KV_PAGE, export_shapes, shapes_dict
+             compile_s: float, splice_flags: list[str] = (), splices: dict | None = None, *, out: Path) -> Manifest:
+    """The manifest (dflash_iree/manifest.py; README, "manifest.json") of the artifact folder `out`."""
+    from dflash_iree.export.aot import export_shapes, shapes_dict
 
     shapes = export_shapes(p)
-    return {
-        "format_version": FORMAT_VERSION,
-        "arch": arch.name,
-        "arch_requested": requested,
-        "arch_note": note,
-        "driver": arch.driver,
-        "module": MODULE_FILE,
-        "versions": {"iree_base_compiler": _version("iree-base-compiler"), "torch": _version("torch"),
-                     "iree_turbine": _version("iree-turbine"), "dflash_iree": _version("dflash-iree")},
-        "flags": flags,
-        "splice_flags": list(splice_flags),
-        "splices": splices or {},  # what export/splice.py replaced, per splice (last_report())
-        "target": _config_entry(p.target, out),
-        "drafter": _config_entry(p.drafter, out),
-        "block_size": p.block_size,
-        "trained_block_size": p.drafter.block_size,
-        "draft_top_k": p.draft_top_k,
-        "attention": p.attention,  # the attention form exported (export/qwen3.py ATTENTION)
-        "max_context": p.max_context,
-        "dtype": p.dtype,
-        "streams": p.streams,
-        "kv_page": KV_PAGE,
-        "tap_layer_ids": list(p.drafter.target_layer_ids),
-        "mask_token_id": p.drafter.mask_token_id,
-        "shapes": shapes_dict(shapes),
-        "entry_points": [e.to_dict() for e in p.entries],
-        "parameters": p.parameters,
-        "state": {"doc": "module-initialized mutable globals (zeros); not parameters, not in any checkpoint",
-                  "globals": p.state},
-        "stats": {**stats, "export_s": round(p.export_s, 1), "export_reused": p.export_reused,
-                  "compile_s": round(compile_s, 1)},
-        "files": files,
-    }
+    return Manifest(
+        arch=arch.name,
+        arch_requested=requested,
+        arch_note=note,
+        driver=arch.driver,
+        module=MODULE_FILE,
+        versions={"iree_base_compiler": _version("iree-base-compiler"), "torch": _version("torch"),
+                  "iree_turbine": _version("iree-turbine"), "dflash_iree": _version("dflash-iree")},
+        flags=flags,
+        splice_flags=list(splice_flags),
+        splices=splices or {},  # what export/splice.py replaced, per splice (last_report())
+        target=_config_entry(p.target, out),
+        drafter=_config_entry(p.drafter, out),
+        block_size=p.block_size,
+        trained_block_size=p.drafter.block_size,
+        draft_top_k=p.draft_top_k,
+        attention=p.attention,
+        max_context=p.max_context,
+        dtype=p.dtype,
+        streams=p.streams,
+        kv_page=KV_PAGE,
+        tap_layer_ids=list(p.drafter.target_layer_ids),
+        mask_token_id=p.drafter.mask_token_id,
+        shapes=shapes_dict(shapes),
+        entry_points=[e.to_dict() for e in p.entries],
+        parameters=p.parameters,
+        state={"doc": "module-initialized mutable globals (zeros); not parameters, not in any checkpoint",
+               "globals": p.state},
+        stats={**stats, "export_s": round(p.export_s, 1), "export_reused": p.export_reused,
+               "compile_s": round(compile_s, 1)},
+        files=files,
+    )
 
 
 def lower(p: Plan, arch_name: str, mlir: str | Path, out_dir: str | Path, log=None, record: bool = False,
-          dump_phases: str | Path | None = None, splices: dict | None = None) -> dict:
+          dump_phases: str | Path | None = None, splices: dict | None = None) -> Manifest:
     """Splice the arch's custom dispatches into a copy of the exported MLIR (export/splice.py), then
     compile it for that arch into `out_dir` (written whole, or not at all).
 
@@ -323,7 +327,7 @@ def lower(p: Plan, arch_name: str, mlir: str | Path, out_dir: str | Path, log=No
         splices: name -> splice, in place of export/splice.py's SPLICES (a compile experiment).
 
     Returns:
-        The manifest.
+        The manifest (also written to `out_dir`/manifest.json).
     """
     log = log or Progress()
     arch, note = resolve_arch(arch_name)
@@ -356,7 +360,7 @@ def lower(p: Plan, arch_name: str, mlir: str | Path, out_dir: str | Path, log=No
         files = {MODULE_FILE: sha256_file(vmfb)}
         stats["module_bytes"] = vmfb.stat().st_size
         m = manifest(p, arch, flags, stats, files, arch_name, note, compile_s, splice_flags, replaced, out=out)
-        (stage / MANIFEST_FILE).write_text(json.dumps(m, indent=1) + "\n")
+        (stage / MANIFEST_FILE).write_text(m.dumps())
         _replace(stage, out)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
@@ -407,7 +411,7 @@ def compile_artifacts(arch: str, target_dir, drafter_dir, out_dir=None, block_si
                       max_context: int | None = None, dtype: str | None = None, streams: int = 1, sampled: bool = True,
                       log=None, record: bool = False, use_cache: bool = True,
                       draft_top_k: int = DEFAULT_DRAFT_TOP_K, splices: dict | None = None,
-                      attention: str | None = None) -> dict:
+                      attention: str | None = None) -> Manifest:
     """The whole `dflash-iree compile`: plan, export (or reuse a cached export), lower (`splices` as
     there; `attention` in place of the arch's own form, a compile experiment). Returns the manifest."""
     log = log or Progress()
@@ -428,8 +432,8 @@ def compile_artifacts(arch: str, target_dir, drafter_dir, out_dir=None, block_si
     with tempfile.TemporaryDirectory(prefix="dflash-export-") as work:
         mlir = export_cached(p, Path(work), log, use_cache)
         m = lower(p, arch, mlir, out, log, record, splices=splices)
-    size = m["stats"]["module_bytes"] / 2**20
+    size = m.stats["module_bytes"] / 2**20
     export = "export reused" if p.export_reused else f"export {p.export_s:.0f}s"
-    log(f"done: {out}/{MODULE_FILE} {size:.2f} MiB + {MANIFEST_FILE}, {m['stats']['executables']} executables; "
-        f"{export} + compile {m['stats']['compile_s']:.0f}s = {log.elapsed():.0f}s total")
+    log(f"done: {out}/{MODULE_FILE} {size:.2f} MiB + {MANIFEST_FILE}, {m.stats['executables']} executables; "
+        f"{export} + compile {m.stats['compile_s']:.0f}s = {log.elapsed():.0f}s total")
     return m
