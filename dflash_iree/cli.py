@@ -75,7 +75,7 @@ def cmd_eager(args) -> int:
 
 def cmd_topk_check(args) -> int:
     """Parity of the draft top-K custom dispatch on a device against a float64 reference (kernels/topk/check.py)."""
-    from dflash_iree.kernels.check import run
+    from dflash_iree.kernels.topk.check import run
 
     return run(args)
 
@@ -288,7 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "or $DFLASH_IREE_CACHE)")
     c.set_defaults(func=cmd_compile)
 
-    from dflash_iree.kernels.check import add_arguments as topk_check_arguments
+    from dflash_iree.kernels.topk.check import add_arguments as topk_check_arguments
 
     t = sub.add_parser("topk-check", help="build, run and score the draft top-K dispatch's parity cases")
     topk_check_arguments(t)

@@ -5,9 +5,10 @@ several archs):
 - `plan()` reads and checks the two config.json files and the options; it raises `DFlashError`
   before anything is written;
 - `export_mlir()` builds the modules on the meta device and exports them (export/aot.py);
-- `lower()` splices the custom dispatches for one arch into a copy of the export (export/splice.py),
-  runs iree-compile and writes `dflash.vmfb` and `manifest.json` into a temporary folder beside
-  the destination, then renames it into place, so an interrupted compile leaves no half artifact.
+- `lower()` splices the custom dispatches for one arch (dflash_iree/arch.py) into a copy of the
+  export (export/splice.py), runs iree-compile (export/iree_tool.py) and writes `dflash.vmfb` and
+  `manifest.json` (dflash_iree/manifest.py) into a temporary folder beside the destination, then
+  renames it into place, so an interrupted compile leaves no half artifact.
 """
 
 from __future__ import annotations
@@ -15,9 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,14 +24,16 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-# ARCHS, ALIASES, RECORD_HOST_FLAGS, resolve_arch and compile_flags are read from here too (tests, bench).
-from dflash_iree.arch import (ALIASES, ARCHS, RECORD_HOST_FLAGS, Arch, compile_flags,  # noqa: F401
+# ARCHS, ALIASES, GPU_OPT, RECORD_HOST_FLAGS, resolve_arch, compile_flags and the iree-compile runner
+# are read from here too (tests, bench).
+from dflash_iree.arch import (ALIASES, ARCHS, GPU_OPT, RECORD_HOST_FLAGS, Arch, compile_flags,  # noqa: F401
                               kernel_archs, resolve_arch)
 from dflash_iree.checkpoint import sha256_file
 from dflash_iree.config import DrafterConfig, TargetConfig, config_hash, load_drafter_config, load_target_config
 from dflash_iree.errors import DFlashError
-from dflash_iree.manifest import COMPUTE_DTYPES, FORMAT_VERSION, KV_PAGE, MANIFEST_FILE, MODULE_FILE, Manifest  # noqa: F401
+from dflash_iree.export.iree_tool import iree_compile_tool, run_iree_compile, scheduling_stats
 from dflash_iree.export.splice import last_report, splice_file
+from dflash_iree.manifest import COMPUTE_DTYPES, FORMAT_VERSION, KV_PAGE, MANIFEST_FILE, MODULE_FILE, Manifest  # noqa: F401
 
 DEFAULT_CONTEXT = 4096
 MIN_CONTEXT = 64
@@ -216,47 +217,6 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def iree_compile_tool() -> str:
-    """Path of the pinned iree-compile (beside this Python, else on PATH)."""
-    here = Path(sys.executable).parent / "iree-compile"
-    found = str(here) if here.is_file() else shutil.which("iree-compile")
-    if not found:
-        raise DFlashError("iree-compile was not found; install the compile extra: pip install 'dflash-iree[compile]'")
-    return found
-
-
-def run_iree_compile(mlir: Path, vmfb: Path, flags: list[str], stats: Path, extra: list[str] = ()) -> None:
-    """iree-compile MLIR -> vmfb with scheduling statistics (csv) written to `stats`."""
-    cmd = [iree_compile_tool(), str(mlir), *flags, *extra, "--iree-scheduling-dump-statistics-format=csv",
-           f"--iree-scheduling-dump-statistics-file={stats}", "-o", str(vmfb)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        # The errors, shortened (their target attributes run to kilobytes), and the dispatches named.
-        lines = proc.stderr.splitlines()
-        errors = [line[:240] for line in lines if "error:" in line][:6]
-        dispatches = sorted(set(re.findall(r'sym_name = "([^"]*dispatch[^"]*)"', proc.stderr)))[:6]
-        detail = "\n".join(errors + [f"  in {d}" for d in dispatches]) or "\n".join(lines[-10:])
-        raise DFlashError(f"iree-compile failed (exit {proc.returncode}):\n{detail}")
-
-
-def _stats(path: Path) -> dict:
-    """From iree-compile's scheduling statistics (csv): executable, dispatch, copy and fill counts of
-    the whole module, and the dispatches one call of each function runs (static count)."""
-    lines = path.read_text().splitlines()
-    header = next(i for i, line in enumerate(lines) if line.startswith('"Constants"'))
-    agg = dict(zip(json.loads(f"[{lines[header]}]"), json.loads(f"[{lines[header + 1]}]")))
-    per_call: dict[str, int] = {}
-    function = None
-    for line in lines[header + 2:]:
-        if line.startswith("; "):
-            m = re.search(r"util\.func @([\w$]+)", line)
-            function = m[1].removesuffix("$async") if m else None
-        elif function and ',"dispatch",' in line:
-            per_call[function] = per_call.get(function, 0) + 1
-    return {"executables": agg["Executables"], "dispatches": agg["Dispatches"], "copies": agg["Copies"],
-            "fills": agg["Fills"], "dispatches_per_call": per_call}
-
-
 def _config_entry(cfg, out: Path) -> dict:
     """A checkpoint's manifest entry. Its folder twice: `folder` absolute, and `folder_relative` to the
     artifact folder `out`, so that artifacts moved together with their checkpoints still find them
@@ -351,7 +311,7 @@ def lower(p: Plan, arch_name: str, mlir: str | Path, out_dir: str | Path, log=No
         extra = [f"--dump-compilation-phases-to={dump_phases}"] if dump_phases else []
         run_iree_compile(source, vmfb, flags, stats_file, [*splice_flags, *extra])
         compile_s = time.perf_counter() - t0
-        stats = _stats(stats_file)
+        stats = scheduling_stats(stats_file)
         stats_file.unlink()
         if source != Path(mlir):
             source.unlink()

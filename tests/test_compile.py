@@ -28,7 +28,7 @@ from dflash_iree.export import compile as cc
 from dflash_iree.export.aot import KV_PAGE
 from dflash_iree.export.load import load_pair
 from dflash_iree.export.sampling import Sampling
-from dflash_iree.kernels.reference import score
+from dflash_iree.kernels.topk.reference import score
 from dflash_iree.manifest import DTYPES, Manifest, numpy_dtype
 
 RECORDS = Path(__file__).resolve().parents[1] / "compiled" / "records"

@@ -22,7 +22,7 @@ from dflash_iree.acceptance import accept_length
 from dflash_iree.errors import DFlashError
 from dflash_iree.export.load import load_pair
 from dflash_iree.export.reference import generate_plain
-from dflash_iree.kernels.reference import score
+from dflash_iree.kernels.topk.reference import score
 from dflash_iree.manifest import Manifest
 from dflash_iree.runtime.artifacts import Artifacts
 from dflash_iree.runtime.engine import Engine
