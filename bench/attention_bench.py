@@ -25,7 +25,7 @@ KV cache [1, 36, 2, 1024, 1024] bf16 (argument, uploaded once; the model's layou
 - `attend`: export/qwen3.py `attend` itself (what GPU archs export: `sdpa` with the mask's rows
   selected), and `kernel`: the model's `cache_attention` with export/lower_attention.py applied (at T = 1 too,
   for the comparison; `make compile` keeps IREE's op below ATTENTION_MIN_ROWS rows), which swaps
-  the op for kernels/attention.py's block attention reading the cache in place.
+  the op for kernels/attention/dispatch.py's block attention reading the cache in place.
 
 `run` reports per module the wall ms per call (36 layers), the device busy ms and kernels per call
 (CUPTI through torch.profiler, copies left out), and the largest difference from the first

@@ -132,8 +132,8 @@ def run(device: str, out: str, arch: str, variants: list[str], n_prompts: int, m
                "speedup_fused": round(med["fused"] / med["plain"], 3),
                "same_as_exact_plain": {a: f"{c}/{len(prompts)}" for a, c in same.items()},
                "tau_mean": round(sum(a + 1 for a in accepted) / max(1, len(accepted)), 3), "redrafts": redrafts,
-               "step_ms": _step_ms(engine), "dispatches_per_call": m["stats"]["dispatches_per_call"],
-               "gemm_spliced": sum(g.get("mms", g["ops"]) for g in m.get("splices", {}).get("gemm", []))}
+               "step_ms": _step_ms(engine), "dispatches_per_call": m.stats["dispatches_per_call"],
+               "gemm_spliced": sum(g.get("mms", g["ops"]) for g in m.splices.get("gemm", []))}
         result["variants"][v] = res
         print(f"{v}: {res}", flush=True)
         del engine

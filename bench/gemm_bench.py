@@ -9,7 +9,7 @@ matmul and cuBLAS, at Qwen3-8B shapes, with parity and the row-independence bit 
                                                                                  # and the epilogues
 
 y[M, N] = x[M, K] . W[N, K]^T, x/W/y bf16, f32 sums; (N, K) in SHAPES, M in MS. Per shape and M:
-- custom:  kernels/gemm.py's dispatch in an IREE module;
+- custom:  kernels/gemm/dispatch.py's dispatch in an IREE module;
 - default: IREE's own matmul of the same shape (linalg.generic: bf16 products summed in f32, then
            truncated to bf16, the form torch's bf16 mm lowers to), same module, same flags;
 - cublas:  torch `x @ W.t()`, captured in a CUDA graph;
@@ -50,7 +50,7 @@ MS = [1, 8, 16, 64]
 # Grouped dispatches (several weights of one x, as export/splice.py groups them): q+k+v and gate+up.
 GROUPS = [((4096, 1024, 1024), 4096), ((12288, 12288), 4096)]
 GROUP_MS = [1, 8, 16]
-# Epilogues (kernels/gemm_body.h): the residual add (down_proj, and a 12288-row weight for the unsplit
+# Epilogues (kernels/gemm/gemm_body.h): the residual add (down_proj, and a 12288-row weight for the unsplit
 # path) and silu(gate) * up (the 8B MLP's, unsplit, and a small pair that takes k splits), each
 # checked against the plain dispatch of the same weights.
 EPILOGUES = [("residual", 4096, 12288), ("residual", 12288, 4096), ("swiglu", (12288, 12288), 4096),
@@ -123,7 +123,7 @@ def module_text(M: int, N: int, K: int, arch: str) -> tuple[str, list[str], dict
 
 
 def prepare_groups(out: Path, arch: str) -> None:
-    """One module per grouped shape and M: `gemm(x, w0, ..) -> (y0, ..)` (kernels/gemm.py
+    """One module per grouped shape and M: `gemm(x, w0, ..) -> (y0, ..)` (kernels/gemm/dispatch.py
     standalone_module), listed in out/groups.json."""
     import iree.compiler as ic
 

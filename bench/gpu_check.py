@@ -117,7 +117,7 @@ def run(device: str, out: str, n_prompts: int, max_new_tokens: int, runs: int, t
         result["demo"].append({"prompt": i, "prompt_ids": demo.encode_prompt(p), "plain": plain, "exact": exact,
                                "dflash": d.tokens, "exact_equal": exact == d.tokens,
                                "plain_first_div": _first_div(plain, d.tokens), "tau_mean": d.tau_mean})
-        if demo.artifacts.manifest.get("draft_top_k"):
+        if demo.artifacts.manifest.draft_top_k:
             tk = demo.generate(p, max_new_tokens, draft_top_k=4)
             result["demo"][-1]["draft_top_k"] = {**_top_k_check(tk, 4), "tokens_unchanged": tk.tokens == d.tokens}
     result["bench"] = run_bench(demo, prompts, max_new_tokens, runs=runs, log=None)

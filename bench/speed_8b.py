@@ -327,8 +327,8 @@ def _iree_steps(folder: Path, indexes: dict, device, rows: int, profile: bool = 
     load_s = time.perf_counter() - t0
     m = arts.manifest
     out = {"artifact": folder.name, "arch": arts.arch, "block_size": B, "load_and_prefill_s": round(load_s, 2),
-           "flags": m["flags"], "dispatches_per_call": m["stats"]["dispatches_per_call"],
-           "gemm_spliced": sum(g.get("mms", g["ops"]) for g in m.get("splices", {}).get("gemm", []))}
+           "flags": m.flags, "dispatches_per_call": m.stats["dispatches_per_call"],
+           "gemm_spliced": sum(g.get("mms", g["ops"]) for g in m.splices.get("gemm", []))}
 
     start = PROMPT_LEN
     state = {"tok": first, "pos": start}

@@ -25,7 +25,7 @@ the drafter uses too) are bound once. What the module looks like from outside:
   `accept_length` stays the rule, and the runtime checks the device's count against it every round.
 - Every custom kernel is a named op of export/ops.py (the linears, the block attention, the head
   norm + rope, and `draft_topk`'s top-K, when compiled with a top-K count), which export/splice.py
-  lowers per arch to the kernel of kernels/ or to IREE's own ops.
+  lowers per arch to the kernels of kernels/ or to IREE's own ops.
 - The leading dim S of every argument is the stream count (1 for now).
 
 The model is built on the meta device, so exporting the 8B shapes allocates no weights.
@@ -39,19 +39,18 @@ import torch
 from torch import nn
 
 from dflash_iree.config import DrafterConfig, TargetConfig
+from dflash_iree.manifest import DTYPES, KV_PAGE  # noqa: F401 (KV_PAGE: cache rows per page, read from here too)
 
 from .dflash import DFlashDrafter
 from .qwen3 import Qwen3
 from .sampling import Sampling
 from .mlir import strip_locations
 
-KV_PAGE = 32  # cache rows per page; attention reads pages.shape[0] * KV_PAGE rows
 TARGET_SCOPE = "target"
 DRAFTER_SCOPE = "drafter"
 _STATE_SCOPE = "state"  # transient: these globals get a zero initializer after import
 
-DTYPE_NAMES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.int64: "i64",
-               torch.int32: "i32", torch.int8: "i8"}
+DTYPE_NAMES = {getattr(torch, d.torch): name for name, d in DTYPES.items()}  # torch dtype -> manifest name
 _TORCH_DTYPES = {v: k for k, v in DTYPE_NAMES.items()}
 
 

@@ -2,7 +2,7 @@
 or onto IREE's attention (the op's reference operand: `attend`'s fused attention op, or the host's
 `attend_matmul`).
 
-An op takes the kernel when the arch has it (kernels/attention.py ARCHS), q [S, T, Hq, hd] and the
+An op takes the kernel when the arch has it (dflash_iree/arch.py), q [S, T, Hq, hd] and the
 cache [S, L, 2, C, Hkv * hd] are bf16 with static shapes, the mask is [S, 1, R, N] with R = T * Hq / Hkv
 query rows and a dynamic key count N, min_rows <= R <= 64, the layer is a constant, there is no
 gate and the kernel takes the shape (`why_unsupported`). The kernel reads the whole cache in place
@@ -20,6 +20,7 @@ from dflash_iree.errors import DFlashError
 
 from .mlir import (add_functions, builtin_type, constant_float, constant_int, emit_call, find_ops, i32_constant,
                    is_none, replace_with_values)
+from .lowered import Lowered, has_kernel
 from .ops import ATTENTION_OP
 
 # Query rows below this (decode: R = the g query heads of a KV group) keep IREE's fused attention op:
@@ -30,10 +31,10 @@ ATTENTION_MIN_ROWS = 8
 
 def _why_not(op, arch: str, min_rows: int):
     """(None, shape) when OP takes the kernel on ARCH, else (the reason it does not, None)."""
-    from dflash_iree.kernels.attention import ARCHS, why_unsupported
+    from dflash_iree.kernels.attention import why_unsupported
 
     q, cache, layer, mask, ref, gate, scale = op.operands
-    if arch not in ARCHS:
+    if not has_kernel(arch, "attention"):
         return f"arch {arch} has no block-attention kernel", None
     if not is_none(gate):
         return "a gated output has no kernel yet", None
@@ -72,14 +73,12 @@ def lower_attention(module, arch: str, min_rows: int = ATTENTION_MIN_ROWS):
         DFlashError: a layer outside the cache, a non-constant layer or scale, or what
             `attention_dispatch` refuses (a missing object).
     """
-    from dflash_iree.kernels.attention import ARCHS, attention_dispatch, f32_bits
-
-    from .splice import Lowered
+    from dflash_iree.kernels.attention import attention_dispatch, f32_bits
 
     ops = find_ops(module, "torch.operator", ATTENTION_OP)
     if not ops:
         return None
-    out = Lowered(rule={"kernel": arch in ARCHS, "min_rows": min_rows})
+    out = Lowered(rule={"kernel": has_kernel(arch, "attention"), "min_rows": min_rows})
     counts: dict[tuple, int] = {}
     for op in ops:
         why, shape = _why_not(op, arch, min_rows)

@@ -1,7 +1,7 @@
 """Lowering of the linear named ops (`dflash::linear`, `linear_residual`, `linear_swiglu`, export/ops.py)
 onto the skinny GEMM of kernels/gemm.py, or onto IREE's matmul (the op's reference operand).
 
-A weight takes the kernel when the arch has it (kernels/gemm.py ARCHS) and x [..., K], the weight
+A weight takes the kernel when the arch has it (dflash_iree/arch.py) and x [..., K], the weight
 [N, K] and the result are bf16 with a static M = prod(x's leading dims), GEMM_MIN_M <= M <= 64, a
 weight of at least `min_weight_bytes` and a shape the kernel takes (`why_unsupported`). The taken
 weights of one `linear` op go in runs of up to three (MAX_WEIGHTS) a dispatch, in the op's order
@@ -19,6 +19,7 @@ from dflash_iree.errors import DFlashError
 
 from .mlir import (add_functions, builtin_type, emit_call, find_ops, list_operands, op_name,
                    replace_with_values, reshape_text)
+from .lowered import Lowered, has_kernel
 from .ops import LINEAR_OP, LINEAR_RESIDUAL_OP, LINEAR_SWIGLU_OP
 
 # M = 1 (decode) keeps IREE's own matvec for a lone weight and for gate + up: in IREE on the H200 it
@@ -121,14 +122,12 @@ def lower_linear(module, arch: str, min_weight_bytes: int = GEMM_MIN_WEIGHT_BYTE
         DFlashError: an op whose operands are not as export/ops.py documents them, or what
             `gemm_dispatch` refuses (a missing object).
     """
-    from dflash_iree.kernels.gemm import ARCHS, MAX_WEIGHTS
-
-    from .splice import Lowered
+    from dflash_iree.kernels.gemm import MAX_WEIGHTS
 
     ops = [op for name in LINEAR_OPS for op in find_ops(module, "torch.operator", name)]
     if not ops:
         return None
-    out = Lowered(rule={"kernel": arch in ARCHS, "min_m": GEMM_MIN_M, "m1_group": GEMM_M1_RUN if decode_qkv else None,
+    out = Lowered(rule={"kernel": has_kernel(arch, "gemm"), "min_m": GEMM_MIN_M, "m1_group": GEMM_M1_RUN if decode_qkv else None,
                         "min_weight_bytes": min_weight_bytes, "epilogues": epilogues})
     counts: dict[tuple, list] = {}
     for op in ops:
@@ -145,7 +144,7 @@ def lower_linear(module, arch: str, min_weight_bytes: int = GEMM_MIN_WEIGHT_BYTE
             raise DFlashError(f"splice: {name} has operands {len(op.operands)} / weights {len(weights)} other than "
                               "export/ops.py declares")
         M, K, x_t = _rows(x)
-        why = None if arch in ARCHS else f"arch {arch} has no skinny GEMM kernel"
+        why = None if has_kernel(arch, "gemm") else f"arch {arch} has no skinny GEMM kernel"
         if why is None and (list_operands(rest[0]) or list_operands(rest[1])):
             why = "4-bit weights (scales, zeros) have no kernel yet"
         if why is None and M is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dflash_iree.errors import DFlashError
 
 from .mlir import add_functions, builtin_type, constant_bool, constant_float, constant_int, find_ops, replace_with_call
+from .lowered import Lowered, has_kernel
 from .ops import NORM_ROPE_OP
 
 
@@ -84,12 +85,10 @@ def lower_norm_rope(module, arch: str, pairs: bool = True):
     from dflash_iree.kernels.attention import f32_bits
     from dflash_iree.kernels.norm_rope import norm_rope_dispatch
 
-    from .splice import Lowered
-
     ops = find_ops(module, "torch.operator", NORM_ROPE_OP)
     if not ops:
         return None
-    out = Lowered(rule={"kernel": True, "pairs": pairs})
+    out = Lowered(rule={"kernel": has_kernel(arch, "norm_rope"), "pairs": pairs})
     counts: dict[tuple, int] = {}
     for run in _norm_rope_pairs(ops) if pairs else [[op] for op in ops]:
         S, T, H, D, dtype, e = _parse_norm_rope(run[0])

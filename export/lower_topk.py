@@ -8,6 +8,7 @@ from __future__ import annotations
 from dflash_iree.errors import DFlashError
 
 from .mlir import add_functions, builtin_type, constant_int, find_ops, replace_with_call, static_shape
+from .lowered import Lowered, has_kernel
 from .ops import TOPK_OP
 
 
@@ -26,12 +27,10 @@ def lower_topk(module, arch: str):
     """
     from dflash_iree.kernels.topk import topk_dispatch
 
-    from .splice import Lowered
-
     ops = find_ops(module, "torch.operator", TOPK_OP)
     if not ops:
         return None
-    out = Lowered(rule={"kernel": True})
+    out = Lowered(rule={"kernel": has_kernel(arch, "topk")})
     counts: dict[tuple[int, int, int], int] = {}
     for op in ops:
         logits, temperature, k = op.operands

@@ -32,33 +32,17 @@ The MLIR helpers are in export/mlir.py. Needs the compile extra (iree-base-compi
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from dflash_iree.errors import DFlashError
 
+from .lowered import Lowered
 from .lower_attention import ATTENTION_MIN_ROWS, lower_attention  # noqa: F401 (re-exported)
 from .lower_linear import GEMM_M1_RUN, GEMM_MIN_M, GEMM_MIN_WEIGHT_BYTES, lower_linear  # noqa: F401
 from .lower_norm_rope import lower_norm_rope
 from .lower_topk import lower_topk
 from .mlir import find_ops, list_operands, load, op_name, replace_with_values, strip_locations  # noqa: F401 (load)
 from .ops import ATTENTION_OP, LINEAR_OP, LINEAR_RESIDUAL_OP, LINEAR_SWIGLU_OP
-
-
-@dataclass
-class Lowered:
-    """What one lowering did to a module.
-
-    flags:   iree-compile flags its kernels need (the object search path).
-    entries: one dict per kernel shape it placed, with the call count (`ops`).
-    iree:    reason -> how many ops (for the linears: weights) it gave to IREE for that reason.
-    rule:    the arch's rule for these ops (whether the arch has the kernel, the floors).
-    """
-
-    flags: list[str] = field(default_factory=list)
-    entries: list[dict] = field(default_factory=list)
-    iree: dict[str, int] = field(default_factory=dict)
-    rule: dict = field(default_factory=dict)
 
 
 # Where each named op with a reference keeps it: the operand index (a list for `linear`).

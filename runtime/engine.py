@@ -106,7 +106,7 @@ class Engine:
         self.eos_ids = frozenset(artifacts.eos_token_ids)
         # K of the draft_topk entry point (dflash-iree compile --draft-top-k; 0: none, as in
         # manifests written before it existed)
-        self.compiled_draft_top_k = int(artifacts.manifest.get("draft_top_k", 0))
+        self.compiled_draft_top_k = int(artifacts.manifest.draft_top_k)
 
     @classmethod
     def load(cls, artifacts: str = "compiled/host", target: str | None = None, drafter: str | None = None,

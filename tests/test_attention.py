@@ -1,4 +1,4 @@
-"""The block-attention dispatch (kernels/attention_*): objects, MLIR, refusals, and the lowering of the
+"""The block-attention dispatch (kernels/attention/): objects, MLIR, refusals, and the lowering of the
 model's attention over the KV cache (the named op `dflash::block_attention`). The kernel runs only on a GPU: parity and speed are bench/attention_bench.py
 on the H200 (bench/results/attention_h200_kernel.json)."""
 
@@ -152,3 +152,23 @@ def test_splice_scale(tmp_path):
     text = str(splice.load(out))
     assert text.count(f"util.call @dflash_attention_1x{HKV}x8x{HD}_{LAYERS}x{CONTEXT}_s3e000000_g2") == LAYERS
     assert "arith.constant 1043900987 : i32" in text  # 0.125 * log2(e) as f32 bits: the scale push constant
+
+
+def test_numpy_reference_matches_torch():
+    """kernels/attention/reference.py against torch's scaled_dot_product_attention in float64, over a
+    layer of the cache with a partial mask (what bench/attention_bench.py scores the kernel with)."""
+    import numpy as np
+    import torch
+
+    from dflash_iree.kernels.attention.reference import attention
+
+    rng = np.random.default_rng(0)
+    S, H, R, D, L, C, N, layer = 2, 2, 5, 16, 3, 64, 40, 1
+    q = rng.standard_normal((S, H, R, D))
+    cache = rng.standard_normal((S, L, 2, C, H * D))
+    mask = rng.random((S, 1, R, N)) < 0.7
+    mask[..., 0] = True
+    kv = torch.from_numpy(cache[:, layer, :, :N]).reshape(S, 2, N, H, D).transpose(2, 3)
+    want = torch.nn.functional.scaled_dot_product_attention(torch.from_numpy(q), kv[:, 0], kv[:, 1],
+                                                            attn_mask=torch.from_numpy(mask))
+    np.testing.assert_allclose(attention(q, cache, mask, layer), want.numpy(), rtol=1e-12, atol=1e-12)

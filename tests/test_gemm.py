@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from dflash_iree.errors import DFlashError
-from dflash_iree.kernels import gemm_reference as gref
+from dflash_iree.kernels.gemm import reference as gref
 from dflash_iree.kernels.gemm import ARCHS, CUDA_ARCHS, HIP_ARCHS, gemm_dispatch, gemm_plan, object_file, standalone_module
 from dflash_iree.kernels.isa import GEMM_KERNELS, Elf, amdgpu_kernels, inspect_object
 
@@ -313,7 +313,7 @@ def test_splice_epilogues(tmp_path, arch):
 def test_entry_points_stay_apart_in_one_module():
     """Dispatches of one object with the same layout and grid but different entry points (1 and 2
     m-tiles; the residual and swiglu epilogues) keep an executable each: iree-compile would
-    otherwise merge them and launch one kernel for both (kernels/gemm.py entry_attribute)."""
+    otherwise merge them and launch one kernel for both (kernels/hal.py entry_attribute)."""
     ic = pytest.importorskip("iree.compiler")
     from dflash_iree.kernels.topk import device_flags
 

@@ -1,4 +1,4 @@
-"""The head norm + rope dispatch (kernels/norm_rope_*): objects, MLIR, refusals, the custom op of the
+"""The head norm + rope dispatch (kernels/norm_rope/): objects, MLIR, refusals, the custom op of the
 export and its splice. The kernel runs only on a GPU: its bit parity with the eager ops is
 bench/norm_rope_check.py on the H200 (bench/results/norm_rope_h200.json)."""
 
@@ -225,3 +225,19 @@ def test_the_fused_form_is_refused_for_the_host(target_dir, drafter_dir, tmp_pat
 
     with pytest.raises(DFlashError, match="attention form 'fused'.*not host"):
         compile_artifacts("host", target_dir, drafter_dir, tmp_path / "out", attention="fused")
+
+
+def test_numpy_reference_matches_the_eager_ops():
+    """kernels/norm_rope/reference.py against export/qwen3.py's rms_norm + apply_rope on float64 inputs
+    (rms_norm normalizes in float32, as HF's Qwen3RMSNorm: hence float32's tolerance)."""
+    import numpy as np
+    import torch
+
+    from dflash_iree.export.qwen3 import apply_rope, rms_norm
+    from dflash_iree.kernels.norm_rope.reference import norm_rope
+
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((1, 3, 4, 16)), rng.standard_normal(16)
+    cos, sin = rng.standard_normal((1, 3, 16)), rng.standard_normal((1, 3, 16))
+    want = apply_rope(rms_norm(torch.from_numpy(x), torch.from_numpy(w), 1e-6), torch.from_numpy(cos), torch.from_numpy(sin))
+    np.testing.assert_allclose(norm_rope(x, w, cos, sin, 1e-6), want.numpy(), rtol=1e-6, atol=1e-6)

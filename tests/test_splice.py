@@ -13,7 +13,7 @@ import torch
 from dflash_iree.errors import DFlashError
 from dflash_iree.export import mlir, splice
 from dflash_iree.export.ops import topk_logprobs, top_k_per_stream
-from dflash_iree.kernels.reference import make_logits, reference, score
+from dflash_iree.kernels.topk.reference import make_logits, reference, score
 from dflash_iree.kernels.topk import device_flags
 
 ic = pytest.importorskip("iree.compiler")

@@ -25,11 +25,14 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dflash_iree.arch import kernel_archs
 from dflash_iree.errors import DFlashError
 
-OBJECTS_DIR = Path(__file__).resolve().parent / "objects"
-CUDA_ARCHS = ("sm_80", "sm_86", "sm_89")
-HIP_ARCHS = ("gfx1100", "gfx1151", "gfx1201")
+from ..hal import (OBJECTS_DIR, entry_attribute, executable_head, executable_source, executable_target,  # noqa: F401
+                   gpu_object, pipeline_layout, search_flags)
+
+CUDA_ARCHS = kernel_archs("gemm", "cuda")
+HIP_ARCHS = kernel_archs("gemm", "hip")
 ARCHS = CUDA_ARCHS + HIP_ARCHS
 MAX_M = 64
 MAX_WEIGHTS = 3  # weights of one x in one dispatch (q, k, v)
@@ -215,57 +218,6 @@ def gemm_plan(N, K: int, arch: str, splits: int | None = None, paired: bool = Fa
                     paired=paired)
 
 
-def executable_target(arch: str) -> str:
-    """The generic executable target of ARCH's backend that the objects are keyed by."""
-    if arch in CUDA_ARCHS:
-        return '#hal.executable.target<"cuda", "cuda-nvptx-fb">'
-    return '#hal.executable.target<"rocm", "rocm-hsaco-fb">'
-
-
-def gpu_object(kernel: str, arch: str, archs: tuple[str, ...], what: str) -> Path:
-    """Committed object of KERNEL (its file prefix) for ARCH: PTX for sm_*, a code object for gfx*.
-    Raises DFlashError, naming WHAT, for an arch outside ARCHS."""
-    if arch not in archs:
-        raise DFlashError(f"no {what} kernel for arch '{arch}'; GPU archs only: {', '.join(archs)}")
-    return OBJECTS_DIR / (f"{kernel}_{arch}.ptx" if arch in CUDA_ARCHS else f"{kernel}_{arch}.co")
-
-
-def pipeline_layout(constants: int, read_only: int, bindings: int) -> str:
-    """A `#hal.pipeline.layout`: CONSTANTS push constants, BINDINGS buffers of which the first READ_ONLY are read-only."""
-    b = (["#hal.pipeline.binding<storage_buffer, ReadOnly>"] * read_only
-         + ["#hal.pipeline.binding<storage_buffer>"] * (bindings - read_only))
-    return f"#hal.pipeline.layout<constants = {constants}, bindings = [{', '.join(b)}]>"
-
-
-def entry_attribute(entry: str) -> str:
-    """The attributes that keep an executable of ENTRY apart from those of the object's other entry
-    points: iree-compile deduplicates executables that differ only in their export's name (it takes
-    it for a symbol), so two dispatches of one object with the same layout and workgroup count,
-    e.g. `dflash_gemm_mt1` and `dflash_gemm_mt2`, would otherwise both launch one of them."""
-    return f'attributes {{dflash.entry = "{entry}"}}'
-
-
-def executable_head(sym: str, entry: str, target: str, obj: str, layout: str, workload: int) -> str:
-    """The start of a `hal.executable.source` @SYM for TARGET (an executable target attribute) that
-    exports ENTRY of object OBJ, whose workgroup count is its first WORKLOAD workload values (the
-    rest 1): up to the export's count region, which the caller follows with the export's properties
-    (a GPU's workgroup size) or a CPU body, then closes with "}"."""
-    wl = "".join(f", %w{i}: index" for i in range(workload))
-    count = ", ".join([f"%w{i}" for i in range(workload)] + ["%c1"] * (3 - workload))
-    return (f"hal.executable.source private @{sym} <objects = <{{{target} = "
-            f"[#hal.executable.object<{{path = \"{obj}\"}}>]}}>> {entry_attribute(entry)} {{\n"
-            f"  hal.executable.export public @{entry} ordinal(0) layout({layout})"
-            f" count(%device: !hal.device{wl}) -> (index, index, index) {{\n"
-            f"    %c1 = arith.constant 1 : index\n    hal.return {count} : index, index, index\n  }}")
-
-
-def executable_source(sym: str, entry: str, arch: str, obj: str, layout: str, threads: int, workload: int) -> str:
-    """A `hal.executable.source` @SYM exporting ENTRY of object OBJ on GPU ARCH, THREADS threads a
-    workgroup, whose workgroup count is its first WORKLOAD workload values (the rest 1)."""
-    return (executable_head(sym, entry, executable_target(arch), obj, layout, workload)
-            + f" <workgroup_size = [{threads} : index, 1 : index, 1 : index]>\n}}\n")
-
-
 def gemm_dispatch(M: int, N, K: int, arch: str, *, name: str = "dflash_gemm",
                   splits: int | None = None, epilogue: str | None = None,
                   out_shape: tuple[int, ...] | None = None) -> GemmDispatch:
@@ -343,7 +295,7 @@ def gemm_dispatch(M: int, N, K: int, arch: str, *, name: str = "dflash_gemm",
              f"    util.global.store %r#0, @{name}_cnt : {c_t}\n"
              f"    util.return {', '.join(f'%r#{g + 1}' for g in range(len(y_t)))} : {', '.join(y_t)}\n}}\n")
     return GemmDispatch(M=M, Ns=Ns, K=K, arch=arch, name=name, plan=plan, mlir=text,
-                        flags=[f"--iree-hal-executable-object-search-path={OBJECTS_DIR}"], objects=[obj],
+                        flags=search_flags(), objects=[obj],
                         epilogue=epilogue)
 
 

@@ -21,7 +21,7 @@
  *   dflash_gemm_reduce(part f32[S*M*N], y bf16[M*N], M*N, S)                  grid (ceil(M*N/1024), 1, 1)
  * One workgroup is GM_WARPS * 32 threads (128 on both).
  */
-#include "gpu.h"
+#include "../gpu.h"
 #define GM_SHARED KG_SHARED
 #define GM_FN KG_FN
 #define GM_TID() KG_TID()
