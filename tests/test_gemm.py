@@ -336,3 +336,16 @@ util.func public @f(%x: {x[16]}, %xb: {x[32]}, %w: {w}, %x2: {x2}, %w2: {w2}, %r
 """
         hal = ic.compile_str(text, extra_args=device_flags(arch) + ds[0].flags + ["--compile-to=hal"]).decode()
         assert re.findall(r"hal\.executable private @(\w+)", hal) == ["a_mm", "b_mm", "c_mm", "d_mm"], arch
+
+
+def test_to_iree_gives_every_linear_its_reference(tmp_path):
+    """splice.to_iree (the benches' build without a kernel): the named ops become their references."""
+    pytest.importorskip("iree.compiler")
+    from dflash_iree.export import splice
+
+    src = _export_linears(tmp_path, 16, "project", Ns=(128, 64))
+    lower = splice.to_iree(splice.LINEAR_OP, splice.LINEAR_RESIDUAL_OP, splice.LINEAR_SWIGLU_OP)
+    out, flags, report = splice.splice_file(src, tmp_path / "s.mlirbc", "sm_80", {"gemm": lower})
+    text = str(splice.load(out))
+    assert flags == [] and report["iree"] == {"gemm": {"to_iree": 1}}
+    assert "torch.operator" not in text and text.count("torch.aten.linear") == 2
