@@ -1,4 +1,4 @@
-"""Lowering of `dflash::block_attention` (export/ops.py) onto the block attention of kernels/attention.py,
+"""Lowering of `dflash::block_attention` (export/ops.py) onto the block attention of kernels/attention/,
 or onto IREE's attention (the op's reference operand: `attend`'s fused attention op, or the host's
 `attend_matmul`).
 

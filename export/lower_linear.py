@@ -1,5 +1,5 @@
 """Lowering of the linear named ops (`dflash::linear`, `linear_residual`, `linear_swiglu`, export/ops.py)
-onto the skinny GEMM of kernels/gemm.py, or onto IREE's matmul (the op's reference operand).
+onto the skinny GEMM of kernels/gemm/, or onto IREE's matmul (the op's reference operand).
 
 A weight takes the kernel when the arch has it (dflash_iree/arch.py) and x [..., K], the weight
 [N, K] and the result are bf16 with a static M = prod(x's leading dims), GEMM_MIN_M <= M <= 64, a

@@ -1,4 +1,4 @@
-"""Lowering of `dflash::head_norm_rope` (export/ops.py) onto the head norm + rope dispatch of kernels/norm_rope.py.
+"""Lowering of `dflash::head_norm_rope` (export/ops.py) onto the head norm + rope dispatch of kernels/norm_rope/.
 
 Every op becomes one dispatch, named `dflash_norm_rope_{S}x{T}x{H}x{hd}_{dtype}_{eps bits}` (T "D"
 when dynamic); a layer's q and k ops (the same cos and sin) become one, `..._{S}x{T}x{Hq}_{Hk}x{hd}_...`.
@@ -69,7 +69,7 @@ def _norm_rope_pairs(ops) -> list[list]:
 
 def lower_norm_rope(module, arch: str, pairs: bool = True):
     """Replace every `torch.dflash.head_norm_rope` op (x [S, T, H, hd], weight [hd], cos, sin [S, T, hd],
-    eps) with the head norm + rope dispatch for ARCH (kernels/norm_rope.py), one function per shape,
+    eps) with the head norm + rope dispatch for ARCH (kernels/norm_rope/), one function per shape,
     dtype and eps, named `dflash_norm_rope_{S}x{T}x{H}x{hd}_{dtype}_{eps bits}` (T: "D" when dynamic).
     With PAIRS (the default), a layer's q and k ops (`_norm_rope_pairs`: the same position tables)
     become one dispatch, `dflash_norm_rope_{S}x{T}x{H}_{Hk}x{hd}_{dtype}_{eps bits}`, one launch

@@ -1,4 +1,4 @@
-"""Lowering of `dflash::topk_logprobs` (export/ops.py) onto the draft top-K dispatch of kernels/topk.py.
+"""Lowering of `dflash::topk_logprobs` (export/ops.py) onto the draft top-K dispatch of kernels/topk/.
 
 Each (n, V, k) gets one `dflash_topk_{n}x{V}x{k}`; every arch has the kernel (the host a CPU object).
 """
@@ -17,7 +17,7 @@ def lower_topk(module, arch: str):
 
     Each (n, V, k) gets one `util.func private @dflash_topk_{n}x{V}x{k}_op(tensor<nxVxf32>,
     tensor<f32>) -> (tensor<nxkxi32>, tensor<nxkxf32>)` that reads the temperature scalar and calls
-    the dispatch's function (kernels/topk.py `topk_dispatch(..., name="dflash_topk_{n}x{V}x{k}")`).
+    the dispatch's function (kernels/topk/ `topk_dispatch(..., name="dflash_topk_{n}x{V}x{k}")`).
     Returns None when there was no such op, else a `Lowered` (export/splice.py) whose entries are
     (n, V, K, count) per shape, and whose flags the dispatch needs (the object search path).
 

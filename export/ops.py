@@ -174,7 +174,7 @@ def _head_norm_rope_fake(x, weight, cos, sin, eps, zero_centered=False, rotary_d
 
 @torch.library.custom_op("dflash::topk_logprobs", mutates_args=())
 def topk_logprobs(logits: torch.Tensor, temperature: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The k best ids of each row and their log-probabilities: what kernels/topk.py computes.
+    """The k best ids of each row and their log-probabilities: what kernels/topk/ computes.
 
     Args:
         logits: float32 [n, V].
@@ -182,7 +182,7 @@ def topk_logprobs(logits: torch.Tensor, temperature: torch.Tensor, k: int) -> tu
         k: 1..min(64, V).
 
     Returns:
-        ids: int32 [n, k], by descending logit, equal logits by lower id (kernels/reference.py).
+        ids: int32 [n, k], by descending logit, equal logits by lower id (kernels/topk/reference.py).
         logprobs: float32 [n, k], log_softmax(logits / temperature) at those ids (computed in
             float64, then rounded).
     """

@@ -114,7 +114,7 @@ def norm_rope(norm: RMSNorm, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
     """`apply_rope(norm(x), cos, sin)`: q_norm / k_norm and RoPE of x [S, T, H, hd] (cos, sin [S, T, hd]).
 
     Exported in the "fused" (GPU) form as the custom op `dflash::head_norm_rope` (export/ops.py),
-    which export/splice.py replaces with one dispatch (kernels/norm_rope.py) where IREE's own
+    which export/splice.py replaces with one dispatch (kernels/norm_rope/) where IREE's own
     lowering takes five: in decode each is a launch on the host's critical path. Eager runs (the
     reference, training) and the CPU form compute it op by op.
     """

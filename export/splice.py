@@ -1,7 +1,7 @@
 """The lowering of the export's named ops, per arch: the one place where kernels enter the module.
 
 The export (export/aot.py) is arch-neutral (but for the attention form a backend runs best,
-export/compile.py `Arch.attention`) and cached: each custom kernel appears in it as a named op of
+dflash_iree/arch.py `Arch.attention`) and cached: each custom kernel appears in it as a named op of
 export/ops.py, a `torch.operator "torch.dflash.<name>"` holding the kernel's real inputs (and, where
 IREE may get the op instead, the model's reference result). `export/compile.py lower()` runs
 `splice_file` once per arch between the export and iree-compile: it reads the exported module, and
@@ -12,13 +12,15 @@ named op. iree-compile then compiles the spliced copy with the extra flags the l
 
 The lowerings (`LOWERINGS`, run in this order; each `(module, arch) -> Lowered | None`):
 
-- "topk": export/lower_topk.py, `dflash::topk_logprobs` -> the draft top-K (kernels/topk.py), every arch.
+- "topk": export/lower_topk.py, `dflash::topk_logprobs` -> the draft top-K (kernels/topk/), every arch.
 - "gemm": export/lower_linear.py, `dflash::linear`, `linear_residual`, `linear_swiglu` -> the skinny
-  GEMM (kernels/gemm.py, CUDA and gfx11/12), its grouped form and its epilogues, or IREE's matmul.
+  GEMM (kernels/gemm/, CUDA and gfx11/12), its grouped form and its epilogues, or IREE's matmul.
 - "attention": export/lower_attention.py, `dflash::block_attention` -> the block attention over the
-  KV cache (kernels/attention.py, CUDA and gfx), or IREE's attention.
+  KV cache (kernels/attention/, CUDA and gfx), or IREE's attention.
 - "norm_rope": export/lower_norm_rope.py, `dflash::head_norm_rope` -> the head norm + rope
-  (kernels/norm_rope.py, every GPU arch; a layer's q and k as one dispatch).
+  (kernels/norm_rope/, every GPU arch; a layer's q and k as one dispatch).
+
+Which archs have which kernel is dflash_iree/arch.py's (export/lowered.py `has_kernel`).
 
 `splice_file` returns what it replaced (the compile manifest keeps it as `splices`): per lowering its
 entries (one per kernel shape, with the call count), and under "rules" and "iree" the arch's rules
@@ -71,7 +73,7 @@ SPLICES = LOWERINGS  # the name export/compile.py and the benches pass experimen
 def splice_file(src: str | Path, dst: str | Path, arch: str, splices: dict | None = None,
                 strict: bool = False) -> tuple[Path, list[str], dict]:
     """Run every lowering (`LOWERINGS`, or SPLICES in its place) on the module at SRC for ARCH (an
-    ARCH name of export/compile.py).
+    ARCH name of dflash_iree/arch.py).
 
     When a lowering changed the module, the spliced copy is written to DST (bytecode) and (DST,
     flags, report) is returned; when none did, nothing is written and (SRC, [], {}) comes back, so a
