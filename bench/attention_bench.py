@@ -23,9 +23,9 @@ KV cache [1, 36, 2, 1024, 1024] bf16 (argument, uploaded once; the model's layou
   attention op changed by a transform-dialect library to put 4, 8 or 16 query rows in a workgroup
   instead of one (IREE 3.13 gives the CUDA attention op one row a workgroup, no tensor cores);
 - `attend`: export/qwen3.py `attend` itself (what GPU archs export: `sdpa` with the mask's rows
-  selected), and `kernel`: the same with export/splice.py `splice_attention` applied (at T = 1 too,
+  selected), and `kernel`: the model's `cache_attention` with export/lower_attention.py applied (at T = 1 too,
   for the comparison; `make compile` keeps IREE's op below ATTENTION_MIN_ROWS rows), which swaps
-  the op for kernels/attention.py's block attention reading the cache in place.
+  the op for kernels/attention/dispatch.py's block attention reading the cache in place.
 
 `run` reports per module the wall ms per call (36 layers), the device busy ms and kernels per call
 (CUPTI through torch.profiler, copies left out), and the largest difference from the first
@@ -132,18 +132,22 @@ def _fn(variant: str):
 
     if variant in ROW_TILES:
         return _sdpa
-    return {"attend": attend, "kernel": attend, "matmul": attend_matmul, "grouped": _grouped, "sdpa": _sdpa,
+    return {"attend": attend, "kernel": None, "matmul": attend_matmul, "grouped": _grouped, "sdpa": _sdpa,
             "sdpa_gt": functools.partial(_sdpa, order="gt"), "sdpa_bias": functools.partial(_sdpa, bias=True)}[variant]
 
 
 def layers_module(fn, layers: int = LAYERS, hkv: int = HKV, hd: int = HD, page: int = PAGE):
     """`fn` (an attention of export/qwen3.py's `attend` signature) over every layer of a KV cache
-    laid out as export/qwen3.py `write_cache` lays it: forward(q [layers, 1, T, Hq, hd] bf16,
+    laid out as export/qwen3.py `write_cache` lays it, or with `fn` None the model's own
+    `cache_attention` (its cache read and the named op `dflash::block_attention`, which `prepare`
+    lowers onto the kernel): forward(q [layers, 1, T, Hq, hd] bf16,
     cache [1, layers, 2, C, hkv * hd] bf16, start [1] int64, pages [P] int8) -> [layers, 1, T, Hq * hd],
     reading P * page cache rows with the causal mask of tokens at start.. (tests/test_attention.py
     has the same at tiny sizes)."""
     import torch
     from torch import nn
+
+    from dflash_iree.export.qwen3 import cache_attention
 
     class Layers(nn.Module):
         def forward(self, q, cache, start, pages):
@@ -152,6 +156,9 @@ def layers_module(fn, layers: int = LAYERS, hkv: int = HKV, hd: int = HD, page: 
             visible = torch.arange(read_len, dtype=torch.int64)[None, None, :] <= positions[:, :, None]
             outs = []
             for layer in range(layers):
+                if fn is None:
+                    outs.append(cache_attention(q[layer], cache, layer, read_len, positions, "fused"))
+                    continue
                 k = cache[:, layer, 0, :read_len].view(1, read_len, hkv, hd)
                 v = cache[:, layer, 1, :read_len].view(1, read_len, hkv, hd)
                 outs.append(fn(q[layer], k, v, visible))
@@ -187,12 +194,12 @@ def prepare(arch: str, variants=VARIANTS, rows=ROWS) -> None:
             vmfb = WORK / f"{variant}-t{T}-{a.name}.vmfb"
             extra = []
             if variant == "kernel":
-                from dflash_iree.export.splice import splice_attention, splice_file
+                from dflash_iree.export.splice import lower_attention, splice_file
 
-                spliced, extra = splice_file(mlir, WORK / f"{variant}-t{T}.mlirbc", a.name,
-                                             {"attention": functools.partial(splice_attention, min_rows=1)})
-                if not extra:
-                    raise SystemExit("kernel: splice_attention found no attention over the cache")
+                spliced, extra, report = splice_file(mlir, WORK / f"{variant}-t{T}.mlirbc", a.name,
+                                                     {"attention": functools.partial(lower_attention, min_rows=1)})
+                if "attention" not in report:
+                    raise SystemExit(f"kernel: the block attention was not placed: {report.get('iree')}")
                 mlir.unlink()
                 mlir = spliced
             if variant in ROW_TILES:

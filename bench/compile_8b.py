@@ -63,14 +63,14 @@ def main() -> int:
             m = cc.lower(p, arch, mlir, work / arch, log)
             result["archs"][arch] = {
                 "compile_seconds": round(time.perf_counter() - t0, 1),
-                "vmfb_mib": round(m["stats"]["module_bytes"] / 2**20, 2),
-                "executables": m["stats"]["executables"],
-                "dispatches": m["stats"]["dispatches"],
-                "dispatches_per_call": m["stats"]["dispatches_per_call"],
-                "flags": m["flags"],
+                "vmfb_mib": round(m.stats["module_bytes"] / 2**20, 2),
+                "executables": m.stats["executables"],
+                "dispatches": m.stats["dispatches"],
+                "dispatches_per_call": m.stats["dispatches_per_call"],
+                "flags": m.flags,
             }
     result["machine"]["load_at_end"] = os.getloadavg()
-    result["versions"] = m["versions"]
+    result["versions"] = m.versions
 
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=1) + "\n")

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/count_dispatches.py EXPORT.mlirbc --arch sm_80 [--no-gpu-opt] [-- FLAG ...]
 
-EXPORT is an exported module, e.g. one from the export cache (~/.cache/dflash-iree); it is spliced
+EXPORT is an exported module, e.g. one from the export cache (~/.cache/dflash-iree); its named ops are lowered
 for the arch first, as `make compile` does (export/splice.py). It is compiled only to the flow phase (about a minute for the 8B pair on 2 cores), so a
 fusion flag can be judged before paying for codegen; the figures quoted in docs/benchmarks.md
 ("Qwen3-8B shapes": 1308, 944, 656 decode dispatches) came from this count.
@@ -44,7 +44,7 @@ def main() -> int:
     base = [f for f in compile_flags(arch) if not (args.no_gpu_opt and f in GPU_OPT)]
     with tempfile.TemporaryDirectory() as work:
         flow = Path(work) / "flow.mlir"
-        source, splice_flags = splice_file(args.mlir, Path(work) / "spliced.mlirbc", arch.name)
+        source, splice_flags, _ = splice_file(args.mlir, Path(work) / "spliced.mlirbc", arch.name)
         subprocess.run([iree_compile_tool(), str(source), *base, *splice_flags, *flags, "--compile-to=flow",
                         "-o", str(flow)], check=True)
         counts = count(flow.read_text())

@@ -8,7 +8,7 @@ matmul and cuBLAS, at Qwen3-8B shapes, with parity and the row-independence bit 
     ... gemm_bench.py run --groups --modules .gpu/groups --json g.json       # epilogues (bench/gemm_groups.py)
 
 y[M, N] = x[M, K] . W[N, K]^T, x/W/y bf16, f32 sums; (N, K) in SHAPES, M in MS. Per shape and M:
-- custom:  kernels/gemm.py's dispatch in an IREE module;
+- custom:  kernels/gemm/dispatch.py's dispatch in an IREE module;
 - default: IREE's own matmul of the same shape (linalg.generic: bf16 products summed in f32, then
            truncated to bf16, the form torch's bf16 mm lowers to), same module, same flags;
 - cublas:  torch `x @ W.t()`, captured in a CUDA graph;

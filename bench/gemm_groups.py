@@ -6,7 +6,7 @@ and each epilogue against the plain dispatch of the same weights.
     bash bench/on_device.sh python3 bench/gemm_bench.py run --groups --modules .gpu/groups --json g.json
 
 Groups (several weights of one x, as export/splice.py groups them): q+k+v and gate+up at M = 1, 8,
-16. Epilogues (kernels/gemm_body.h): the residual add (down_proj, and a 12288-row weight for the
+16. Epilogues (kernels/gemm/gemm_body.h): the residual add (down_proj, and a 12288-row weight for the
 unsplit path) and silu(gate) * up (the 8B MLP's, unsplit, and a small pair that takes k splits),
 at M = 1, 16, 33.
 """
@@ -27,7 +27,7 @@ EPILOGUE_MS = [1, 16, 33]
 
 
 def prepare_groups(out: Path, arch: str) -> None:
-    """One module per grouped shape and M: `gemm(x, w0, ..) -> (y0, ..)` (kernels/gemm.py
+    """One module per grouped shape and M: `gemm(x, w0, ..) -> (y0, ..)` (kernels/gemm/dispatch.py
     standalone_module), listed in out/groups.json."""
     import iree.compiler as ic
 

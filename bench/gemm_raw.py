@@ -1,5 +1,5 @@
 """The skinny-GEMM kernel objects (PTX) launched directly, without IREE: bench/gemm_bench.py's raw
-arm (`run --ptx DIR`), for trying build variants of kernels/gemm_gpu.cu on a CUDA GPU.
+arm (`run --ptx DIR`), for trying build variants of kernels/gemm/gemm_gpu.cu on a CUDA GPU.
 
 DIR holds the PTX files and variants.json: a list of {name, file, threads, bn (columns a
 workgroup), round (k-values a round), rows (per m-tile, default 16), optional ms, splits

@@ -45,7 +45,7 @@ def prepare(arch: str, every_gemm: bool = False) -> None:
     if not target.exists():  # the tests' tiny float32 pair (transformers writes the target)
         subprocess.run([sys.executable, str(ROOT / "tests" / "tiny.py"), str(WORK / "tiny")], check=True)
     compile_artifacts(arch, target, drafter, WORK / f"tiny-{arch}", max_context=256)
-    splices = {**splice.SPLICES, "gemm": functools.partial(splice.splice_gemm, min_weight_bytes=0)} if every_gemm else None
+    splices = {**splice.LOWERINGS, "gemm": functools.partial(splice.lower_linear, min_weight_bytes=0)} if every_gemm else None
     compile_artifacts(arch, ROOT / "models/demo/target", ROOT / "models/demo/drafter", WORK / f"demo-{arch}",
                       max_context=512, splices=splices)
     eager = load_target(target, 256)
@@ -112,7 +112,7 @@ def run(device: str, out: str, n_prompts: int, max_new_tokens: int, runs: int, t
         result["demo"].append({"prompt": i, "prompt_ids": demo.encode_prompt(p), "plain": plain, "exact": exact,
                                "dflash": d.tokens, "exact_equal": exact == d.tokens,
                                "plain_first_div": _first_div(plain, d.tokens), "tau_mean": d.tau_mean})
-        if demo.artifacts.manifest.get("draft_top_k"):
+        if demo.artifacts.manifest.draft_top_k:
             tk = demo.generate(p, max_new_tokens, draft_top_k=4)
             result["demo"][-1]["draft_top_k"] = {**_top_k_check(tk, 4), "tokens_unchanged": tk.tokens == d.tokens}
     result["bench"] = run_bench(demo, prompts, max_new_tokens, runs=runs, log=None)

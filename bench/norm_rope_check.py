@@ -1,4 +1,4 @@
-"""Bit parity of the head norm + rope dispatch (kernels/norm_rope.py) with the eager PyTorch ops, on a GPU.
+"""Bit parity of the head norm + rope dispatch (kernels/norm_rope/dispatch.py) with the eager PyTorch ops, on a GPU.
 
     python bench/norm_rope_check.py prepare --arch sm_80       # here: standalone modules into .gpu/norm_rope/
     bash bench/on_device.sh python3 bench/norm_rope_check.py run --json OUT   # on the GPU machine

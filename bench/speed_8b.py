@@ -60,13 +60,13 @@ def artifact_dir(arch: str, block: int, variant: str = "") -> Path:
 
 
 # What `prepare --without` can leave out, for a variant measured beside the full build.
-WITHOUT = ("epilogues", "token-major", "decode-qkv", "norm-rope-pairs")
+WITHOUT = ("epilogues", "decode-qkv", "norm-rope-pairs")
 
 
 def prepare(arch: str, blocks: list[int], variant: str = "", without: tuple[str, ...] = ()) -> None:
     """Compile the 8B pair as `make compile` does (max_context 4096) for `arch` at each block size into
-    .gpu/ (git-ignored; carry it). WITHOUT (with a VARIANT name): "epilogues", the GEMM dispatches
-    without their epilogues; "token-major", the block attention in its head-major layout; "decode-qkv",
+    .gpu/ (git-ignored; carry it). WITHOUT (with a VARIANT name): "epilogues", o_proj, down_proj and
+    gate/up with their elementwise ops on IREE's matmuls (the linears with an epilogue); "decode-qkv",
     decode's q, k and v as IREE's three matvecs; "norm-rope-pairs", q's and k's norm + rope as two
     dispatches."""
     import functools
@@ -74,14 +74,12 @@ def prepare(arch: str, blocks: list[int], variant: str = "", without: tuple[str,
     from dflash_iree.export import splice
     from dflash_iree.export.compile import compile_artifacts, resolve_arch
 
-    splices = dict(splice.SPLICES)
+    splices = dict(splice.LOWERINGS)
     if {"epilogues", "decode-qkv"} & set(without):
-        splices["gemm"] = functools.partial(splice.splice_gemm, epilogues="epilogues" not in without,
+        splices["gemm"] = functools.partial(splice.lower_linear, epilogues="epilogues" not in without,
                                             decode_qkv="decode-qkv" not in without)
     if "norm-rope-pairs" in without:
-        splices["norm_rope"] = functools.partial(splice.splice_norm_rope, pairs=False)
-    if "token-major" in without:
-        splices["attention"] = functools.partial(splice.splice_attention, token_major=False)
+        splices["norm_rope"] = functools.partial(splice.lower_norm_rope, pairs=False)
     name = resolve_arch(arch)[0].name
     for block in blocks:
         compile_artifacts(arch, TARGET, DRAFTER, artifact_dir(name, block, variant), block_size=block, dtype="bf16",
@@ -143,8 +141,8 @@ def _iree_steps(folder: Path, indexes: dict, device, rows: int, profile: bool = 
     load_s = time.perf_counter() - t0
     m = arts.manifest
     out = {"artifact": folder.name, "arch": arts.arch, "block_size": B, "load_and_prefill_s": round(load_s, 2),
-           "flags": m["flags"], "dispatches_per_call": m["stats"]["dispatches_per_call"],
-           "gemm_spliced": sum(g.get("mms", g["ops"]) for g in m.get("splices", {}).get("gemm", []))}
+           "flags": m.flags, "dispatches_per_call": m.stats["dispatches_per_call"],
+           "gemm_spliced": sum(g.get("mms", g["ops"]) for g in m.splices.get("gemm", []))}
 
     start = PROMPT_LEN
     state = {"tok": first, "pos": start}

@@ -15,8 +15,7 @@ from pathlib import Path
 
 from .errors import DFlashError
 
-# safetensors dtype tags -> our short names
-SAFETENSORS_DTYPES = {"BF16": "bf16", "F16": "f16", "F32": "f32", "F64": "f64", "I64": "i64", "I32": "i32"}
+from .manifest import SAFETENSORS_DTYPES  # safetensors dtype tags -> our short names
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,9 @@ import warnings
 from pathlib import Path
 
 from . import validate
+from .arch import ALIASES, ARCHS
 from .errors import DFlashError
+from .manifest import COMPUTE_DTYPES
 
 
 def _arg_text(value: str | None, encoding: str, option: str) -> str | None:
@@ -92,8 +94,8 @@ def cmd_eager(args) -> int:
 
 
 def cmd_topk_check(args) -> int:
-    """Parity of the draft top-K custom dispatch on a device against a float64 reference (kernels/check.py)."""
-    from dflash_iree.kernels.check import run
+    """Parity of the draft top-K custom dispatch on a device against a float64 reference (kernels/topk/check.py)."""
+    from dflash_iree.kernels.topk.check import run
 
     return run(args)
 
@@ -227,7 +229,7 @@ def cmd_demo(args) -> int:
         print("dflash == plain through the decode graph: yes")
     else:
         print(f"dflash vs plain through the decode graph: first divergence at token {div} "
-              f"({engine.artifacts.manifest['dtype']} rounding differs between the two graphs at a near-tie)")
+              f"({engine.artifacts.manifest.dtype} rounding differs between the two graphs at a near-tie)")
     return 0 if drafted.tokens == exact.tokens else 1
 
 
@@ -294,7 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--prompt-ids", help="prompt token ids, space or comma separated")
     e.add_argument("--max-new-tokens", type=int, default=64)
     e.add_argument("--max-context", type=int, default=4096)
-    e.add_argument("--dtype", choices=["bf16", "f16", "f32"], help="default: the config's torch_dtype")
+    e.add_argument("--dtype", choices=COMPUTE_DTYPES, help="default: the config's torch_dtype")
     e.add_argument("--block-size", type=int, help="default: the drafter's trained block_size")
     e.add_argument("--temperature", type=float, default=0.0)
     e.add_argument("--top-k", type=int, default=0)
@@ -306,16 +308,17 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(func=cmd_eager)
 
     c = sub.add_parser("compile", help="export target + drafter and compile them to compiled/ARCH (vmfb + manifest)")
-    c.add_argument("--arch", default="host", help="host, gfx1030, gfx1100, gfx1151, gfx1201, sm_80, sm_86, sm_89, "
-                   "or an alias: strix-halo, rx7900xtx, h100, h200 (default: host)")
+    c.add_argument("--arch", default="host", help=f"{', '.join(ARCHS)}, or an alias: {', '.join(ALIASES)} "
+                   "(default: host)")
     c.add_argument("--target", required=True, help="Qwen3 checkpoint folder (only config.json is read)")
     c.add_argument("--drafter", required=True, help="DFlash drafter checkpoint folder (only config.json is read)")
     c.add_argument("--out", help="output folder (default: compiled/ARCH)")
     c.add_argument("--block-size", type=int, help="verify block, 2..the drafter's trained block_size (default)")
     c.add_argument("--max-context", type=int, help="KV cache length in tokens (default 4096, or the target's "
                    "max_position_embeddings when smaller)")
-    c.add_argument("--dtype", choices=["bf16", "f16", "f32"], help="default: the target config's torch_dtype")
-    c.add_argument("--streams", type=int, default=1, help="leading stream dimension of every entry point (default 1)")
+    c.add_argument("--dtype", choices=COMPUTE_DTYPES, help="default: the target config's torch_dtype")
+    c.add_argument("--streams", type=int, default=1, help="leading stream dimension of every entry point; "
+                   "only 1 (the default) until the runtime serves several streams")
     c.add_argument("--draft-top-k", type=int, default=8, metavar="K",
                    help="K of the draft_topk entry point (the draft's top-K ids and log-probs, on the device), "
                         "1..64; 0 compiles none (default 8)")
@@ -324,7 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "or $DFLASH_IREE_CACHE)")
     c.set_defaults(func=cmd_compile)
 
-    from dflash_iree.kernels.check import add_arguments as topk_check_arguments
+    from dflash_iree.kernels.topk.check import add_arguments as topk_check_arguments
 
     t = sub.add_parser("topk-check", help="build, run and score the draft top-K dispatch's parity cases")
     topk_check_arguments(t)

@@ -15,9 +15,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .errors import DFlashError
+from .manifest import CONFIG_DTYPES as DTYPES  # a config's torch_dtype -> short name
 
 SUPPORTED_FAMILIES = ("qwen3",)
-DTYPES = {"bfloat16": "bf16", "float16": "f16", "float32": "f32", "bf16": "bf16", "f16": "f16", "f32": "f32"}
 
 
 @dataclass(frozen=True)

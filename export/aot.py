@@ -18,13 +18,14 @@ the drafter uses too) are bound once. What the module looks like from outside:
 - What the host reads is not returned but written into buffers the caller passes, the last
   arguments (`EntryPoint.writes`): the runtime passes pinned host buffers, which it reads as soon as
   the call is done, instead of queueing a copy of a returned device buffer and waiting for it
-  (docs/performance.md, "Results written into the caller's buffers"). Only the taps (and `absorb`'s
+  (docs/architecture.md, "Results written into the caller's buffers"). Only the taps (and `absorb`'s
   count) are returned.
 - `verify_draft` is a whole speculative round in one call (verify, the acceptance count on the
   device, the next draft), so a round costs one call and one read of the host's instead of two; the host's
   `accept_length` stays the rule, and the runtime checks the device's count against it every round.
-- `draft_topk` (when compiled with a top-K count) computes its top-K with a custom op
-  (export/ops.py) that export/splice.py replaces, per arch, with the dispatch of kernels/topk.py.
+- Every custom kernel is a named op of export/ops.py (the linears, the block attention, the head
+  norm + rope, and `draft_topk`'s top-K, when compiled with a top-K count), which export/splice.py
+  lowers per arch to the kernels of kernels/ or to IREE's own ops.
 - The leading dim S of every argument is the stream count (1 for now).
 
 The model is built on the meta device, so exporting the 8B shapes allocates no weights.
@@ -38,19 +39,18 @@ import torch
 from torch import nn
 
 from dflash_iree.config import DrafterConfig, TargetConfig
+from dflash_iree.manifest import DTYPES, KV_PAGE  # noqa: F401 (KV_PAGE: cache rows per page, read from here too)
 
 from .dflash import DFlashDrafter
 from .qwen3 import Qwen3
 from .sampling import Sampling
-from .splice import strip_locations
+from .mlir import strip_locations
 
-KV_PAGE = 32  # cache rows per page; attention reads pages.shape[0] * KV_PAGE rows
 TARGET_SCOPE = "target"
 DRAFTER_SCOPE = "drafter"
 _STATE_SCOPE = "state"  # transient: these globals get a zero initializer after import
 
-DTYPE_NAMES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.int64: "i64",
-               torch.int32: "i32", torch.int8: "i8"}
+DTYPE_NAMES = {getattr(torch, d.torch): name for name, d in DTYPES.items()}  # torch dtype -> manifest name
 _TORCH_DTYPES = {v: k for k, v in DTYPE_NAMES.items()}
 
 
@@ -335,11 +335,12 @@ def _example(spec: TensorSpec, dims: dict[str, torch.export.Dim]):
     return torch.zeros(shape, dtype=_TORCH_DTYPES[spec.dtype], device="meta"), dynamic
 
 
-def export_module(pair: Pair, shapes: ExportShapes, sampled: bool = True, log=None):
+def export_module(pair: Pair, shapes: ExportShapes, sampled: bool = True, log=None, only=None):
     """Export every entry point of `pair` into one MLIR module.
 
     Args:
         log: called with a progress line after each traced entry point and after the import.
+        only: names of the entry points to export (tests); None for all.
 
     Returns:
         (iree-turbine's ExportOutput: `.save_mlir(path)` writes the module, the entry points).
@@ -361,7 +362,7 @@ def export_module(pair: Pair, shapes: ExportShapes, sampled: bool = True, log=No
     ExternalTensorTrait(_STATE_SCOPE, "drafter.ctx_cache").set(pair.drafter.ctx_cache)
 
     dims = {name: torch.export.Dim(name, min=d["min"], max=d["max"]) for name, d in shapes.dims.items()}
-    entries = entry_points(shapes, sampled)
+    entries = [e for e in entry_points(shapes, sampled) if only is None or e.name in only]
     fxb = aot.FxProgramsBuilder(pair)
     with aot.decompositions.extend_aot_decompositions() as table:
         table[torch.ops.aten.linear.default] = _linear_2d

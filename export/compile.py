@@ -5,9 +5,11 @@ several archs):
 - `plan()` reads and checks the two config.json files and the options; it raises `DFlashError`
   before anything is written;
 - `export_mlir()` builds the modules on the meta device and exports them (export/aot.py);
-- `lower()` splices the custom dispatches for one arch into a copy of the export (export/splice.py),
-  runs iree-compile and writes `dflash.vmfb` and `manifest.json` into a temporary folder beside
-  the destination, then renames it into place, so an interrupted compile leaves no half artifact.
+- `lower()` lowers the export's named ops for one arch (dflash_iree/arch.py) in a copy of the
+  export (export/splice.py: the arch's kernels, or IREE's own ops where the arch's rules say so),
+  runs iree-compile (export/iree_tool.py) and writes `dflash.vmfb` and `manifest.json`
+  (dflash_iree/manifest.py) into a temporary folder beside the destination, then renames it into
+  place, so an interrupted compile leaves no half artifact.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -25,109 +26,22 @@ from importlib import metadata
 from pathlib import Path
 
 from dflash_iree import guard
+# ARCHS, ALIASES, GPU_OPT, RECORD_HOST_FLAGS, resolve_arch, compile_flags and the iree-compile runner
+# are read from here too (tests, bench).
+from dflash_iree.arch import (ALIASES, ARCHS, GPU_OPT, RECORD_HOST_FLAGS, Arch, compile_flags,  # noqa: F401
+                              kernel_archs, resolve_arch)
 from dflash_iree.checkpoint import sha256_file
 from dflash_iree.config import DrafterConfig, TargetConfig, config_hash, load_drafter_config, load_target_config
 from dflash_iree.errors import DFlashError
-from dflash_iree.export.splice import last_report, splice_file
-from dflash_iree.kernels.norm_rope import ARCHS as NORM_ROPE_ARCHS
+from dflash_iree.export.iree_tool import iree_compile_tool, run_iree_compile, scheduling_stats
+from dflash_iree.export.splice import splice_file
+from dflash_iree.manifest import COMPUTE_DTYPES, FORMAT_VERSION, KV_PAGE, MANIFEST_FILE, MODULE_FILE, Manifest  # noqa: F401
 
-FORMAT_VERSION = 2  # 2: what the host reads is written into the caller's buffers (EntryPoint.writes)
-MODULE_FILE = "dflash.vmfb"
-MANIFEST_FILE = "manifest.json"
 DEFAULT_CONTEXT = 4096
 # `pages` is a dynamic dim 1..max_context / KV_PAGE (export/aot.py ExportShapes.dims), and
 # torch.export.Dim refuses min == max ("inconsistent min=1, max=1"): at least two pages of 32 rows
 MIN_CONTEXT = 64
 DEFAULT_DRAFT_TOP_K = 8  # K of the draft_topk entry point; 0 compiles none
-
-
-@dataclass(frozen=True)
-class Arch:
-    """A compile target: the iree-compile flags and the runtime driver that runs the result."""
-
-    name: str
-    driver: str  # iree.runtime driver: local-task | hip | cuda
-    flags: tuple[str, ...]
-    about: str
-    # The attention form the backend runs best (export/qwen3.py): IREE's fused attention op on GPUs,
-    # matmul + softmax + matmul on the CPU, 1.5x faster there (docs/benchmarks.md, host demo).
-    attention: str = "fused"
-
-
-def _cpu(cpu: str, triple: str | None = None) -> tuple[str, ...]:
-    flags = ("--iree-hal-target-device=local", "--iree-hal-local-target-device-backends=llvm-cpu")
-    if triple:
-        flags += (f"--iree-llvmcpu-target-triple={triple}",)
-    return flags + (f"--iree-llvmcpu-target-cpu={cpu}",)
-
-
-# GPUs: global optimization at O3 fuses more per dispatch (Qwen3-8B decode 1308 -> 945 dispatches);
-# on the H200 decode went 11.6 -> 10.5 ms and verify 26.0 -> 20.5 ms, exactness unchanged
-# (docs/benchmarks.md, "Qwen3-8B shapes"). `--iree-opt-level=O3` and the aggressive dispatch-creation
-# fusion flags cut further (656) but make the compile many times slower, so they are left out.
-GPU_OPT = ("--iree-global-optimization-opt-level=O3",)
-
-
-def _hip(chip: str) -> tuple[str, ...]:
-    return ("--iree-hal-target-device=hip", f"--iree-rocm-target={chip}", *GPU_OPT)
-
-
-def _cuda(sm: str) -> tuple[str, ...]:
-    return ("--iree-hal-target-device=cuda", f"--iree-cuda-target={sm}", *GPU_OPT)
-
-
-# The pinned compiler's ROCm backend refuses `--iree-rocm-target=gfx1030` ("Unknown ROCM target"), though
-# its GPU target table knows RDNA2; the device target is therefore given in full, with the values of that
-# table (KnownTargets.cpp, getRDNA2WgpDetails: no MMA intrinsics, wave32/64, 64 KiB workgroup memory).
-_GFX1030 = (
-    '#hal.device.target<"hip", [#hal.executable.target<"rocm", "rocm-hsaco-fb", {abi = "hip", '
-    'iree.encoding.resolver = #iree_gpu.gpu_encoding_resolver<>, iree_codegen.target_info = #iree_gpu.target<'
-    'arch = "gfx1030", features = "", wgp = <compute = fp64|fp32|fp16|int64|int32|int16|int8, '
-    'storage = b64|b32|b16|b8, subgroup = shuffle|arithmetic, dot = dp4xi8toi32, mma = [], '
-    'subgroup_size_choices = [32, 64], max_workgroup_sizes = [1024, 1024, 1024], max_thread_count_per_workgroup = 1024, '
-    'max_workgroup_memory_bytes = 65536, max_workgroup_counts = [2147483647, 2147483647, 2147483647]>>, '
-    'ukernels = "none"}>]>')
-
-
-ARCHS: dict[str, Arch] = {a.name: a for a in (
-    Arch("host", "local-task", _cpu("host"), "llvm-cpu for this machine's CPU", attention="matmul"),
-    Arch("gfx1030", "hip", (f"--iree-hal-target-device={_GFX1030}", *GPU_OPT), "RDNA2 (RX 6800/6900)"),
-    Arch("gfx1100", "hip", _hip("gfx1100"), "RDNA3 (RX 7900 XTX/XT, W7900)"),
-    Arch("gfx1151", "hip", _hip("gfx1151"), "RDNA3.5 (Strix Halo, Ryzen AI Max)"),
-    Arch("gfx1201", "hip", _hip("gfx1201"), "RDNA4 (RX 9070 XT)"),
-    Arch("sm_80", "cuda", _cuda("sm_80"), "Ampere (A100); its PTX also runs on Hopper"),
-    Arch("sm_86", "cuda", _cuda("sm_86"), "Ampere (RTX 30xx, A10, A40)"),
-    Arch("sm_89", "cuda", _cuda("sm_89"), "Ada (RTX 40xx, L4, L40S)"),
-)}
-
-_HOPPER = ("the pinned iree-base-compiler 3.13 has no sm_90 target (iree-org/iree#22147); sm_80 PTX is "
-           "JIT-compiled for Hopper by the CUDA driver when the module loads")
-ALIASES: dict[str, tuple[str, str]] = {
-    "strix-halo": ("gfx1151", ""),
-    "rx7900xtx": ("gfx1100", ""),
-    "h100": ("sm_80", _HOPPER),
-    "h200": ("sm_80", _HOPPER),
-}
-
-# The host record is made for a fixed, named CPU, not this machine's features, so that it
-# is the same on every machine that makes it.
-RECORD_HOST_FLAGS = _cpu("x86-64-v3", "x86_64-unknown-linux-gnu")
-
-
-def resolve_arch(name: str) -> tuple[Arch, str]:
-    """An ARCH name or alias -> (Arch, note for the user, "" when none).
-
-    Raises:
-        DFlashError: an unknown name, listing the accepted ones.
-    """
-    key = name.strip().lower()
-    if key in ARCHS:
-        return ARCHS[key], ""
-    if key in ALIASES:
-        real, note = ALIASES[key]
-        return ARCHS[real], f"{name} -> {real}" + (f": {note}" if note else "")
-    accepted = ", ".join(ARCHS) + "; aliases: " + ", ".join(f"{a} ({r})" for a, (r, _) in ALIASES.items())
-    raise DFlashError(f"unknown ARCH '{name}'; accepted: {accepted}")
 
 
 @dataclass
@@ -152,8 +66,12 @@ class Plan:
 
 def plan(target_dir: str | Path, drafter_dir: str | Path, block_size: int | None = None,
          max_context: int | None = None, dtype: str | None = None, streams: int = 1, sampled: bool = True,
-         draft_top_k: int = DEFAULT_DRAFT_TOP_K, attention: str = "fused") -> Plan:
+         draft_top_k: int = DEFAULT_DRAFT_TOP_K, attention: str = "fused", *, multi_stream: bool = False) -> Plan:
     """Read and check the two config.json files and the options. Reads no weights, writes nothing.
+
+    streams: the leading stream dimension S of every entry point and cache. Only 1 is accepted, as
+    the runtime serves stream 0 alone; `multi_stream=True` lets S > 1 through, for the test that
+    keeps the stream dimension exporting and compiling (tests/test_compile.py), never for users.
 
     draft_top_k: K of the `draft_topk` entry point (the draft's top-K ids and log-probs), 1..64 and
     at most the vocabulary; 0 compiles no such entry point.
@@ -161,9 +79,9 @@ def plan(target_dir: str | Path, drafter_dir: str | Path, block_size: int | None
 
     Raises:
         DFlashError: a missing config, an unsupported family, a drafter that does not fit the
-            target, block_size / max_context / dtype / streams / draft_top_k out of range.
+            target, block_size / max_context / dtype / streams / draft_top_k out of range, streams > 1
+            without multi_stream.
     """
-    from dflash_iree.export.aot import KV_PAGE
     from dflash_iree.kernels.topk import MAX_K
 
     tcfg = load_target_config(target_dir)
@@ -179,10 +97,13 @@ def plan(target_dir: str | Path, drafter_dir: str | Path, block_size: int | None
         raise DFlashError(f"--max-context {max_context} is out of range: use a multiple of {KV_PAGE} from "
                           f"{MIN_CONTEXT} to {limit} (the target's max_position_embeddings)")
     dtype = dtype or tcfg.dtype
-    if dtype not in ("bf16", "f16", "f32"):
+    if dtype not in COMPUTE_DTYPES:
         raise DFlashError(f"--dtype {dtype} is not supported; use bf16, f16 or f32")
     if streams < 1:
-        raise DFlashError(f"--streams {streams} is out of range: use 1 or more")
+        raise DFlashError(f"--streams {streams} is out of range: use 1")
+    if streams > 1 and not multi_stream:
+        raise DFlashError(f"--streams {streams} is not supported yet: the runtime serves one stream (stream 0) "
+                          "only; use --streams 1 (the default)")
     most = min(MAX_K, tcfg.vocab_size)
     if not 0 <= draft_top_k <= most:
         raise DFlashError(f"--draft-top-k {draft_top_k} is out of range: use 1..{most} (the top-K kernel's limit, "
@@ -241,7 +162,7 @@ def export_mlir(p: Plan, path: str | Path, log=None) -> Path:
     return Path(path)
 
 
-_EXPORT_SOURCES = ("aot.py", "qwen3.py", "dflash.py", "sampling.py", "ops.py")
+_EXPORT_SOURCES = ("aot.py", "qwen3.py", "dflash.py", "sampling.py", "ops.py", "mlir.py")
 
 
 def cache_dir() -> Path | None:
@@ -300,53 +221,6 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def iree_compile_tool() -> str:
-    """Path of the pinned iree-compile (beside this Python, else on PATH)."""
-    here = Path(sys.executable).parent / "iree-compile"
-    found = str(here) if here.is_file() else shutil.which("iree-compile")
-    if not found:
-        raise DFlashError("iree-compile was not found; install the compile extra: pip install 'dflash-iree[compile]'")
-    return found
-
-
-def compile_flags(arch: Arch, record: bool = False) -> list[str]:
-    """The exact iree-compile flags for an arch; `record` swaps host's CPU for the fixed record CPU."""
-    flags = RECORD_HOST_FLAGS if record and arch.name == "host" else arch.flags
-    return list(flags)
-
-
-def run_iree_compile(mlir: Path, vmfb: Path, flags: list[str], stats: Path, extra: list[str] = ()) -> None:
-    """iree-compile MLIR -> vmfb with scheduling statistics (csv) written to `stats`."""
-    cmd = [iree_compile_tool(), str(mlir), *flags, *extra, "--iree-scheduling-dump-statistics-format=csv",
-           f"--iree-scheduling-dump-statistics-file={stats}", "-o", str(vmfb)]
-    proc = guard.run_tool(cmd)  # killed with its children on Ctrl-C
-    if proc.returncode != 0:
-        # The errors, shortened (their target attributes run to kilobytes), and the dispatches named.
-        lines = proc.stderr.splitlines()
-        errors = [line[:240] for line in lines if "error:" in line][:6]
-        dispatches = sorted(set(re.findall(r'sym_name = "([^"]*dispatch[^"]*)"', proc.stderr)))[:6]
-        detail = "\n".join(errors + [f"  in {d}" for d in dispatches]) or "\n".join(lines[-10:])
-        raise DFlashError(f"iree-compile failed (exit {proc.returncode}):\n{detail}")
-
-
-def _stats(path: Path) -> dict:
-    """From iree-compile's scheduling statistics (csv): executable, dispatch, copy and fill counts of
-    the whole module, and the dispatches one call of each function runs (static count)."""
-    lines = path.read_text().splitlines()
-    header = next(i for i, line in enumerate(lines) if line.startswith('"Constants"'))
-    agg = dict(zip(json.loads(f"[{lines[header]}]"), json.loads(f"[{lines[header + 1]}]")))
-    per_call: dict[str, int] = {}
-    function = None
-    for line in lines[header + 2:]:
-        if line.startswith("; "):
-            m = re.search(r"util\.func @([\w$]+)", line)
-            function = m[1].removesuffix("$async") if m else None
-        elif function and ',"dispatch",' in line:
-            per_call[function] = per_call.get(function, 0) + 1
-    return {"executables": agg["Executables"], "dispatches": agg["Dispatches"], "copies": agg["Copies"],
-            "fills": agg["Fills"], "dispatches_per_call": per_call}
-
-
 def _config_entry(cfg, out: Path) -> dict:
     """A checkpoint's manifest entry. Its folder twice: `folder` absolute, and `folder_relative` to the
     artifact folder `out`, so that artifacts moved together with their checkpoints still find them
@@ -361,49 +235,48 @@ def _config_entry(cfg, out: Path) -> dict:
 
 
 def manifest(p: Plan, arch: Arch, flags: list[str], stats: dict, files: dict, requested: str, note: str,
-             compile_s: float, splice_flags: list[str] = (), splices: dict | None = None, *, out: Path) -> dict:
-    """The manifest.json contents (see docs in README, `make compile`) of the artifact folder `out`."""
-    from dflash_iree.export.aot import KV_PAGE, export_shapes, shapes_dict
+             compile_s: float, splice_flags: list[str] = (), splices: dict | None = None, *, out: Path) -> Manifest:
+    """The manifest (dflash_iree/manifest.py; README, "manifest.json") of the artifact folder `out`."""
+    from dflash_iree.export.aot import export_shapes, shapes_dict
 
     shapes = export_shapes(p)
-    return {
-        "format_version": FORMAT_VERSION,
-        "arch": arch.name,
-        "arch_requested": requested,
-        "arch_note": note,
-        "driver": arch.driver,
-        "module": MODULE_FILE,
-        "versions": {"iree_base_compiler": _version("iree-base-compiler"), "torch": _version("torch"),
-                     "iree_turbine": _version("iree-turbine"), "dflash_iree": _version("dflash-iree")},
-        "flags": flags,
-        "splice_flags": list(splice_flags),
-        "splices": splices or {},  # what export/splice.py replaced, per splice (last_report())
-        "target": _config_entry(p.target, out),
-        "drafter": _config_entry(p.drafter, out),
-        "block_size": p.block_size,
-        "trained_block_size": p.drafter.block_size,
-        "draft_top_k": p.draft_top_k,
-        "attention": p.attention,  # the attention form exported (export/qwen3.py ATTENTION)
-        "max_context": p.max_context,
-        "dtype": p.dtype,
-        "streams": p.streams,
-        "kv_page": KV_PAGE,
-        "tap_layer_ids": list(p.drafter.target_layer_ids),
-        "mask_token_id": p.drafter.mask_token_id,
-        "shapes": shapes_dict(shapes),
-        "entry_points": [e.to_dict() for e in p.entries],
-        "parameters": p.parameters,
-        "state": {"doc": "module-initialized mutable globals (zeros); not parameters, not in any checkpoint",
-                  "globals": p.state},
-        "stats": {**stats, "export_s": round(p.export_s, 1), "export_reused": p.export_reused,
-                  "compile_s": round(compile_s, 1)},
-        "files": files,
-    }
+    return Manifest(
+        arch=arch.name,
+        arch_requested=requested,
+        arch_note=note,
+        driver=arch.driver,
+        module=MODULE_FILE,
+        versions={"iree_base_compiler": _version("iree-base-compiler"), "torch": _version("torch"),
+                  "iree_turbine": _version("iree-turbine"), "dflash_iree": _version("dflash-iree")},
+        flags=flags,
+        splice_flags=list(splice_flags),
+        splices=splices or {},  # what export/splice.py replaced, and its rules (splice_file's report)
+        target=_config_entry(p.target, out),
+        drafter=_config_entry(p.drafter, out),
+        block_size=p.block_size,
+        trained_block_size=p.drafter.block_size,
+        draft_top_k=p.draft_top_k,
+        attention=p.attention,
+        max_context=p.max_context,
+        dtype=p.dtype,
+        streams=p.streams,
+        kv_page=KV_PAGE,
+        tap_layer_ids=list(p.drafter.target_layer_ids),
+        mask_token_id=p.drafter.mask_token_id,
+        shapes=shapes_dict(shapes),
+        entry_points=[e.to_dict() for e in p.entries],
+        parameters=p.parameters,
+        state={"doc": "module-initialized mutable globals (zeros); not parameters, not in any checkpoint",
+               "globals": p.state},
+        stats={**stats, "export_s": round(p.export_s, 1), "export_reused": p.export_reused,
+               "compile_s": round(compile_s, 1)},
+        files=files,
+    )
 
 
 def lower(p: Plan, arch_name: str, mlir: str | Path, out_dir: str | Path, log=None, record: bool = False,
-          dump_phases: str | Path | None = None, splices: dict | None = None) -> dict:
-    """Splice the arch's custom dispatches into a copy of the exported MLIR (export/splice.py), then
+          dump_phases: str | Path | None = None, splices: dict | None = None) -> Manifest:
+    """Lower the named ops for the arch in a copy of the exported MLIR (export/splice.py), then
     compile it for that arch into `out_dir` (written whole, or not at all).
 
     Args:
@@ -415,10 +288,10 @@ def lower(p: Plan, arch_name: str, mlir: str | Path, out_dir: str | Path, log=No
         record: compile host for the fixed record CPU (RECORD_HOST_FLAGS).
         dump_phases: also write every compilation phase's IR there (the HAL IR is `*.hal.mlir`);
             the module is the same.
-        splices: name -> splice, in place of export/splice.py's SPLICES (a compile experiment).
+        splices: name -> lowering, in place of export/splice.py's LOWERINGS (a compile experiment).
 
     Returns:
-        The manifest.
+        The manifest (also written to `out_dir`/manifest.json).
     """
     log = log or Progress()
     arch, note = resolve_arch(arch_name)
@@ -434,15 +307,14 @@ def lower(p: Plan, arch_name: str, mlir: str | Path, out_dir: str | Path, log=No
         vmfb = stage / MODULE_FILE
         stats_file = stage / "stats.csv"
         t0 = time.perf_counter()
-        source, splice_flags = splice_file(mlir, stage / "spliced.mlirbc", arch.name, splices)
-        replaced = last_report()
+        source, splice_flags, replaced = splice_file(mlir, stage / "spliced.mlirbc", arch.name, splices)
         if source != Path(mlir):
             log(f"splice: custom dispatches for {arch.name} in {time.perf_counter() - t0:.1f}s")
         log(f"compile: iree-compile for {arch.name} ({arch.about}) ...")
         extra = [f"--dump-compilation-phases-to={dump_phases}"] if dump_phases else []
         run_iree_compile(source, vmfb, flags, stats_file, [*splice_flags, *extra])
         compile_s = time.perf_counter() - t0
-        stats = _stats(stats_file)
+        stats = scheduling_stats(stats_file)
         stats_file.unlink()
         if source != Path(mlir):
             source.unlink()
@@ -451,7 +323,7 @@ def lower(p: Plan, arch_name: str, mlir: str | Path, out_dir: str | Path, log=No
         files = {MODULE_FILE: sha256_file(vmfb)}
         stats["module_bytes"] = vmfb.stat().st_size
         m = manifest(p, arch, flags, stats, files, arch_name, note, compile_s, splice_flags, replaced, out=out)
-        (stage / MANIFEST_FILE).write_text(json.dumps(m, indent=1) + "\n")
+        (stage / MANIFEST_FILE).write_text(m.dumps())
         _replace(stage, out)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
@@ -502,16 +374,16 @@ def compile_artifacts(arch: str, target_dir, drafter_dir, out_dir=None, block_si
                       max_context: int | None = None, dtype: str | None = None, streams: int = 1, sampled: bool = True,
                       log=None, record: bool = False, use_cache: bool = True,
                       draft_top_k: int = DEFAULT_DRAFT_TOP_K, splices: dict | None = None,
-                      attention: str | None = None) -> dict:
+                      attention: str | None = None) -> Manifest:
     """The whole `dflash-iree compile`: plan, export (or reuse a cached export), lower (`splices` as
     there; `attention` in place of the arch's own form, a compile experiment). Returns the manifest."""
     log = log or Progress()
     resolved, note = resolve_arch(arch)
     if note:
         log(f"note: {note}")
-    if (attention or resolved.attention) == "fused" and resolved.name not in NORM_ROPE_ARCHS:
+    if (attention or resolved.attention) == "fused" and not resolved.has("norm_rope"):
         raise DFlashError(f"attention form 'fused' exports the q/k norm + rope custom op, which has a kernel on GPU "
-                          f"archs only ({', '.join(NORM_ROPE_ARCHS)}), not {resolved.name}: compile the 'matmul' form")
+                          f"archs only ({', '.join(kernel_archs('norm_rope'))}), not {resolved.name}: compile the 'matmul' form")
     p = plan(target_dir, drafter_dir, block_size, max_context, dtype, streams, sampled, draft_top_k,
              attention or resolved.attention)
     out = Path(out_dir) if out_dir else Path("compiled") / resolved.name
@@ -523,8 +395,8 @@ def compile_artifacts(arch: str, target_dir, drafter_dir, out_dir=None, block_si
     with guard.out_lock(out), tempfile.TemporaryDirectory(prefix="dflash-export-") as work:
         mlir = export_cached(p, Path(work), log, use_cache)
         m = lower(p, arch, mlir, out, log, record, splices=splices)
-    size = m["stats"]["module_bytes"] / 2**20
+    size = m.stats["module_bytes"] / 2**20
     export = "export reused" if p.export_reused else f"export {p.export_s:.0f}s"
-    log(f"done: {out}/{MODULE_FILE} {size:.2f} MiB + {MANIFEST_FILE}, {m['stats']['executables']} executables; "
-        f"{export} + compile {m['stats']['compile_s']:.0f}s = {log.elapsed():.0f}s total")
+    log(f"done: {out}/{MODULE_FILE} {size:.2f} MiB + {MANIFEST_FILE}, {m.stats['executables']} executables; "
+        f"{export} + compile {m.stats['compile_s']:.0f}s = {log.elapsed():.0f}s total")
     return m

@@ -25,32 +25,21 @@ from torch import nn
 from dflash_iree.config import DrafterConfig
 
 from .ops import top_k_per_stream
-from .qwen3 import MLP, Attention, Qwen3, RMSNorm, attention_fn, cache_rows, rope_tables, write_cache
+from .qwen3 import DecoderLayer, Qwen3, RMSNorm, attention_fn, cache_rows, project, rope_tables, write_cache
 from .sampling import argmax
 
 
-class DrafterLayer(nn.Module):
+class DrafterLayer(DecoderLayer):
     """A Qwen3 layer whose keys and values are [cached context K/V, the block's own K/V]."""
-
-    def __init__(self, cfg: DrafterConfig, dtype=None, device=None, attention: str = "fused"):
-        super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
-        self.self_attn = Attention(cfg, dtype, device, attention)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
-        self.mlp = MLP(cfg, dtype, device)
-        self.attention = attention
 
     def forward(self, x, cos, sin, ctx_k, ctx_v, ctx_visible) -> torch.Tensor:
         S, B, _ = x.shape
-        h = self.input_layernorm(x)
-        q = self.self_attn.query(h, cos, sin)
-        k, v = self.self_attn.key_value(h, cos, sin)
+        q, k, v = self.self_attn.qkv(self.input_layernorm(x), cos, sin)
         keys = torch.cat([ctx_k, k], 1)
         values = torch.cat([ctx_v, v], 1)
         block_visible = torch.ones(S, B, B, dtype=torch.bool, device=x.device)
         visible = torch.cat([ctx_visible.expand(S, B, -1), block_visible], -1)
-        x = x + self.self_attn.o_proj(attention_fn(self.attention)(q, keys, values, visible))
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return self.finish(x, attention_fn(self.attention)(q, keys, values, visible))
 
 
 class DFlashDrafter(nn.Module):
@@ -86,11 +75,13 @@ class DFlashDrafter(nn.Module):
         """
         R = taps.shape[1]
         positions = start[:, None] + torch.arange(R, dtype=torch.int64, device=taps.device)
-        ctx = self.hidden_norm(self.fc(taps.to(self.fc.weight.dtype)))
+        ctx = self.hidden_norm(project(taps.to(self.fc.weight.dtype), [self.fc])[0])
         cos, sin = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta, ctx.dtype)
         rows = cache_rows(self.ctx_cache, positions)
+        # every layer's k and v projections of the one ctx as one named op (grouped dispatches)
+        kv = project(ctx, [p for layer in self.layers for p in (layer.self_attn.k_proj, layer.self_attn.v_proj)])
         for i, layer in enumerate(self.layers):
-            k, v = layer.self_attn.key_value(ctx, cos, sin)
+            k, v = layer.self_attn.rotate_kv(kv[2 * i], kv[2 * i + 1], cos, sin)
             write_cache(self.ctx_cache, rows[i], k, v)
 
     def forward(self, target: Qwen3, taps: torch.Tensor, ctx_start: torch.Tensor, n_valid: torch.Tensor,
@@ -130,7 +121,7 @@ class DFlashDrafter(nn.Module):
             ctx_v = self.ctx_cache[:, i, 1, :read_len].view(S, read_len, -1, hd)
             x = layer(x, cos, sin, ctx_k, ctx_v, ctx_visible)
         h = self.norm(x[:, 1:])
-        logits = target.lm_head(h.to(target.dtype)).float()
+        logits = project(h.to(target.dtype), [target.lm_head])[0].float()
         return argmax(logits), logits
 
     @staticmethod

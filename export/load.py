@@ -15,11 +15,12 @@ from torch import nn
 from dflash_iree.checkpoint import check_tensors
 from dflash_iree.config import load_drafter_config, load_target_config
 from dflash_iree.errors import DFlashError
+from dflash_iree.manifest import COMPUTE_DTYPES, DTYPES
 
 from .dflash import DFlashDrafter
 from .qwen3 import Qwen3
 
-TORCH_DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+TORCH_DTYPES = {name: getattr(torch, DTYPES[name].torch) for name in COMPUTE_DTYPES}
 
 
 def torch_dtype(name: str) -> torch.dtype:

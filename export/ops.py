@@ -1,25 +1,180 @@
-"""Custom torch ops of the export, each replaced by a hand-written dispatch when compiled.
+"""The named ops of the export: every custom kernel the model uses, called by name.
 
-An op here has an eager implementation (what the nn.Modules run, so the eager modules stay the
-reference) and a fake one (shapes and dtypes only, for tracing on the meta device). torch.export
-keeps it as one node, the FX importer writes it as `torch.operator "torch.dflash.<name>"`, and
-export/splice.py replaces it per arch with the dispatch of kernels/.
+torch.export keeps a custom op as one node and the FX importer writes it as
+`torch.operator "torch.dflash.<name>"`, so the lowering (export/splice.py) finds each one by its name
+and never has to recognise the ops around it. Per arch it replaces an op with that arch's kernel
+(kernels/) or, where the arch's rules give the op to IREE, with the op's reference result.
 
-- `dflash::topk_logprobs(logits, temperature, k)`: the draft top-K (kernels/topk.py).
-- `dflash::head_norm_rope(x, weight, cos, sin, eps)`: Qwen3's per-head q_norm / k_norm and RoPE
-  (kernels/norm_rope.py), in the exported GPU form only (export/qwen3.py `norm_rope`).
+Forms. The model computes each op's reference form with ordinary torch ops (what eager runs: the
+eager modules stay the reference, bit for bit) and, while exporting, passes that result to the
+named op as its `ref` operand next to the op's real inputs (x, the weights, the cache and the
+layer, ...). Lowered to IREE, the op becomes its `ref`: IREE sees exactly the ops it would see
+without the named op. Lowered to a kernel, the op becomes a call on its real inputs and the
+reference ops are left dead (IREE drops them). Where the host exports another reference form
+(`attend_matmul` for the attention, export/qwen3.py `ATTENTION`), that is the `ref`. The norm + rope
+and the top-K have no `ref`: every arch that exports them has their kernel (the norm + rope is
+exported by the GPU form only).
+
+The ops (shapes: S streams, T tokens, M = S * T rows; dtypes: one float dtype throughout unless said):
+- `dflash::linear(x [..., K], weights [[N_i, K]], refs [[..., N_i]], scales, zeros, group_size)`:
+  y_i = x . W_i^T for 1 or more weights of one x (a layer's q, k and v; the drafter's context k and v
+  of all its layers), results in the weights' order.
+- `dflash::linear_residual(x [..., K], weights [[N, K]], residual [..., N], ref, ...)`:
+  residual + x . W^T (o_proj and down_proj with the residual add).
+- `dflash::linear_swiglu(x [..., K], weights [gate [I, K], up [I, K]], ref, ...)`:
+  silu(x . G^T) * (x . U^T) (the MLP's gate and up).
+- `dflash::block_attention(q [S, T, Hq, hd], cache [S, L, 2, C, Hkv * hd], layer, mask, ref, gate, scale)`:
+  a block's attention over the first N rows of one layer of the KV cache.
+- `dflash::head_norm_rope(x [S, T, H, hd], weight [hd], cos, sin [S, T, hd], eps, zero_centered, rotary_dim)`.
+- `dflash::topk_logprobs(logits [n, V] f32, temperature [] f32, k)`.
+
+The linear ops take a packed 4-bit form (`scales`, `zeros`: one tensor per weight, [] for plain
+weights; `group_size`: input columns per scale, 0 for plain weights); M = 1 runs through the same op as a
+verify block (which rows take a kernel is the lowering's rule, not the op's).
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 
 from dflash_iree.kernels.topk import MAX_K
 
+# What the FX importer names each op in the exported module (export/splice.py looks them up).
+LINEAR_OP = "torch.dflash.linear"
+LINEAR_RESIDUAL_OP = "torch.dflash.linear_residual"
+LINEAR_SWIGLU_OP = "torch.dflash.linear_swiglu"
+ATTENTION_OP = "torch.dflash.block_attention"
+NORM_ROPE_OP = "torch.dflash.head_norm_rope"
+TOPK_OP = "torch.dflash.topk_logprobs"
+
+
+@torch.library.custom_op("dflash::linear", mutates_args=())
+def linear(x: torch.Tensor, weights: list[torch.Tensor], refs: list[torch.Tensor],
+           scales: list[torch.Tensor], zeros: list[torch.Tensor], group_size: int) -> list[torch.Tensor]:
+    """x . W_i^T for each weight W_i of one x, one op (one grouped dispatch where the arch takes it).
+
+    Args:
+        x: [..., K].
+        weights: [N_i, K] each, x's dtype; packed 4-bit (with `scales`): uint8 [N_i, K / 2].
+        refs: [..., N_i] each: x . W_i^T as the model computes it (the reference form).
+        scales, zeros: [] for plain weights, or per weight [N_i, K / group_size] (packed 4-bit weights;
+            no kernel yet). group_size: input columns per scale; 0 for plain weights.
+
+    Returns:
+        [..., N_i] per weight, equal to `refs` (the eager body returns copies of them).
+    """
+    return [r.clone() for r in refs]
+
+
+@linear.register_fake
+def _linear_fake(x, weights, refs, scales, zeros, group_size):
+    torch._check(len(weights) == len(refs) and len(weights) >= 1)
+    return [torch.empty_like(r) for r in refs]
+
+
+@torch.library.custom_op("dflash::linear_residual", mutates_args=())
+def linear_residual(x: torch.Tensor, weights: list[torch.Tensor], residual: torch.Tensor, ref: torch.Tensor,
+                    scales: list[torch.Tensor], zeros: list[torch.Tensor], group_size: int) -> torch.Tensor:
+    """residual + x . W^T (o_proj, down_proj and the residual add after them), one op.
+
+    Args:
+        x: [..., K]; weights: [W] with W [N, K]; residual, ref: [..., N], ref = residual + x . W^T
+            as the model computes it. scales, zeros, group_size: as for `linear`.
+
+    Returns:
+        [..., N], equal to `ref`.
+    """
+    return ref.clone()
+
+
+@linear_residual.register_fake
+def _linear_residual_fake(x, weights, residual, ref, scales, zeros, group_size):
+    torch._check(len(weights) == 1)
+    return torch.empty_like(ref)
+
+
+@torch.library.custom_op("dflash::linear_swiglu", mutates_args=())
+def linear_swiglu(x: torch.Tensor, weights: list[torch.Tensor], ref: torch.Tensor,
+                  scales: list[torch.Tensor], zeros: list[torch.Tensor], group_size: int) -> torch.Tensor:
+    """silu(x . G^T) * (x . U^T): the MLP's gate and up projections and their product, one op.
+
+    Args:
+        x: [..., K]; weights: [G, U], each [I, K]; ref: [..., I] as the model computes it.
+            scales, zeros, group_size: as for `linear`.
+
+    Returns:
+        [..., I], equal to `ref`.
+    """
+    return ref.clone()
+
+
+@linear_swiglu.register_fake
+def _linear_swiglu_fake(x, weights, ref, scales, zeros, group_size):
+    torch._check(len(weights) == 2)
+    return torch.empty_like(ref)
+
+
+@torch.library.custom_op("dflash::block_attention", mutates_args=())
+def block_attention(q: torch.Tensor, cache: torch.Tensor, layer: int, mask: torch.Tensor, ref: torch.Tensor,
+                    gate: Optional[torch.Tensor] = None, scale: Optional[float] = None) -> torch.Tensor:
+    """A block's grouped-query attention over one layer of the KV cache, read in place.
+
+    Args:
+        q: [S, T, Hq, hd], the block's rotated queries (Hq = g * Hkv; any g and hd: the op sets no limit).
+        cache: [S, L, 2, C, Hkv * hd], the KV cache after this step's write (keys of layer l at
+            [:, l, 0], values at [:, l, 1], head h at columns [h * hd, (h + 1) * hd)).
+        layer: the layer l to read.
+        mask: bool [S, 1, T * g, N]: True where query row t * g + j (token t, query head h * g + j of
+            KV head h) sees key n; the keys are the first N cache rows (export/qwen3.py `query_rows_mask`).
+        ref: [S, T, Hq * hd], the attention as the model computes it (softmax(q k^T * scale) v per head).
+        gate: None, or [S, T, Hq * hd]: a gated output, ref already multiplied by sigmoid(gate)
+            (no kernel takes it yet).
+        scale: the softmax scale; None for hd ** -0.5.
+
+    Returns:
+        [S, T, Hq * hd] in q's dtype, equal to `ref`.
+    """
+    return ref.clone()
+
+
+@block_attention.register_fake
+def _block_attention_fake(q, cache, layer, mask, ref, gate=None, scale=None):
+    return torch.empty_like(ref)
+
+
+@torch.library.custom_op("dflash::head_norm_rope", mutates_args=())
+def head_norm_rope(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   eps: float, zero_centered: bool = False, rotary_dim: int = 0) -> torch.Tensor:
+    """`apply_rope(rms_norm(x, weight, eps), cos, sin)` of export/qwen3.py, as one op.
+
+    Args:
+        x: [S, T, H, hd]; weight: [hd]; cos, sin: [S, T, rotary_dim or hd]; all of one dtype (f32, bf16, f16).
+        eps: the RMSNorm epsilon.
+        zero_centered: the norm scales by (1 + weight) instead of weight (no kernel yet).
+        rotary_dim: rotate only the first rotary_dim dims of each head, the rest pass through; 0 for
+            all hd (no kernel for a partial rotation yet).
+
+    Returns:
+        [S, T, H, hd] in x's dtype.
+    """
+    from .qwen3 import apply_rope, rms_norm  # qwen3 imports this module
+
+    y = rms_norm(x, 1 + weight if zero_centered else weight, eps)
+    if rotary_dim in (0, x.shape[-1]):
+        return apply_rope(y, cos, sin)
+    return torch.cat([apply_rope(y[..., :rotary_dim], cos, sin), y[..., rotary_dim:]], -1)
+
+
+@head_norm_rope.register_fake
+def _head_norm_rope_fake(x, weight, cos, sin, eps, zero_centered=False, rotary_dim=0):
+    return torch.empty_like(x)
+
 
 @torch.library.custom_op("dflash::topk_logprobs", mutates_args=())
 def topk_logprobs(logits: torch.Tensor, temperature: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The k best ids of each row and their log-probabilities: what kernels/topk.py computes.
+    """The k best ids of each row and their log-probabilities: what kernels/topk/ computes.
 
     Args:
         logits: float32 [n, V].
@@ -27,7 +182,7 @@ def topk_logprobs(logits: torch.Tensor, temperature: torch.Tensor, k: int) -> tu
         k: 1..min(64, V).
 
     Returns:
-        ids: int32 [n, k], by descending logit, equal logits by lower id (kernels/reference.py).
+        ids: int32 [n, k], by descending logit, equal logits by lower id (kernels/topk/reference.py).
         logprobs: float32 [n, k], log_softmax(logits / temperature) at those ids (computed in
             float64, then rounded).
     """
@@ -51,25 +206,3 @@ def top_k_per_stream(logits: torch.Tensor, temperature: torch.Tensor, k: int) ->
     """
     rows = [topk_logprobs(logits[s], temperature[s], k) for s in range(logits.shape[0])]
     return torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows])
-
-
-@torch.library.custom_op("dflash::head_norm_rope", mutates_args=())
-def head_norm_rope(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                   eps: float) -> torch.Tensor:
-    """`apply_rope(rms_norm(x, weight, eps), cos, sin)` of export/qwen3.py, as one op.
-
-    Args:
-        x: [S, T, H, hd]; weight: [hd]; cos, sin: [S, T, hd]; all of one dtype (f32, bf16, f16).
-        eps: the RMSNorm epsilon.
-
-    Returns:
-        [S, T, H, hd] in x's dtype.
-    """
-    from .qwen3 import apply_rope, rms_norm  # qwen3 imports this module
-
-    return apply_rope(rms_norm(x, weight, eps), cos, sin)
-
-
-@head_norm_rope.register_fake
-def _head_norm_rope_fake(x, weight, cos, sin, eps):
-    return torch.empty_like(x)

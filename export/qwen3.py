@@ -22,8 +22,32 @@ from torch import nn
 
 from dflash_iree.config import LayerShape, TargetConfig
 
-from .ops import head_norm_rope
+from . import ops
 from .sampling import Sampling, choose_tokens
+
+
+def _named(*linears: nn.Linear) -> bool:
+    """Whether to call the named ops (export/ops.py): while exporting, for linears without a bias
+    (the kernels add none; a biased linear stays IREE's matmul + add)."""
+    return torch.compiler.is_exporting() and all(lin.bias is None for lin in linears)
+
+
+def project(x: torch.Tensor, linears) -> list[torch.Tensor]:
+    """x [..., K] through each of LINEARS ([N_i, K]): [..., N_i] each, in x's dtype.
+
+    Exported, one named op `dflash::linear` over all of them (one grouped dispatch where the arch
+    takes it); eager, each `nn.Linear` (the reference).
+    """
+    refs = [lin(x) for lin in linears]
+    if not _named(*linears):
+        return refs
+    return list(ops.linear(x, [lin.weight for lin in linears], refs, [], [], 0))
+
+
+def project_residual(x: torch.Tensor, lin: nn.Linear, residual: torch.Tensor) -> torch.Tensor:
+    """residual + lin(x): x [..., K], residual [..., N] (exported: the named op `dflash::linear_residual`)."""
+    ref = residual + lin(x)
+    return ops.linear_residual(x, [lin.weight], residual, ref, [], [], 0) if _named(lin) else ref
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -57,7 +81,18 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, **kw)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.swiglu(x))
+
+    def swiglu(self, x: torch.Tensor) -> torch.Tensor:
+        """silu(gate(x)) * up(x): x [..., hidden] -> [..., intermediate] (exported: `dflash::linear_swiglu`)."""
+        ref = F.silu(self.gate_proj(x)) * self.up_proj(x)
+        if not _named(self.gate_proj, self.up_proj):
+            return ref
+        return ops.linear_swiglu(x, [self.gate_proj.weight, self.up_proj.weight], ref, [], [], 0)
+
+    def add_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """residual + self(x), the MLP's half of a decoder layer (exported: two named ops)."""
+        return project_residual(self.swiglu(x), self.down_proj, residual)
 
 
 def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,12 +114,12 @@ def norm_rope(norm: RMSNorm, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
     """`apply_rope(norm(x), cos, sin)`: q_norm / k_norm and RoPE of x [S, T, H, hd] (cos, sin [S, T, hd]).
 
     Exported in the "fused" (GPU) form as the custom op `dflash::head_norm_rope` (export/ops.py),
-    which export/splice.py replaces with one dispatch (kernels/norm_rope.py) where IREE's own
+    which export/splice.py replaces with one dispatch (kernels/norm_rope/) where IREE's own
     lowering takes five: in decode each is a launch on the host's critical path. Eager runs (the
     reference, training) and the CPU form compute it op by op.
     """
     if attention == "fused" and torch.compiler.is_exporting():
-        return head_norm_rope(x, norm.weight, cos, sin, norm.eps)
+        return ops.head_norm_rope(x, norm.weight, cos, sin, norm.eps)
     return apply_rope(norm(x), cos, sin)
 
 
@@ -96,7 +131,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Ten
     `scaled_dot_product_attention`, which IREE compiles to its fused attention op (one dispatch a
     layer, no score tensor in memory): at the Qwen3-8B shapes on the H200 that cut attention's
     device time 3.4x for a 16-row verify and 8x for decode against matmul + softmax + matmul
-    (bench/attention_bench.py, bench/results/attention_h200.json). The form for GPU archs; the
+    (bench/attention_bench.py, experiments/2026-11-30-attention-op/). The form for GPU archs; the
     CPU runs `attend_matmul` faster (export/compile.py `Arch.attention`).
 
     Args:
@@ -112,17 +147,25 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Ten
     rows = q.reshape(S, T, Hkv, g, hd).permute(0, 2, 1, 3, 4).reshape(S, Hkv, T * g, hd)
     # row t * g + j is query t: select, rather than expand + reshape, which over the dynamic key
     # count leaves torch.export a guard it cannot prove
-    row_query = torch.arange(T * g, device=q.device) // g
-    mask = visible.index_select(1, row_query)[:, None]  # S, 1, T * g, N: the same for every KV head
+    mask = query_rows_mask(visible, g)
     out = F.scaled_dot_product_attention(rows, k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3), attn_mask=mask)
     return out.reshape(S, Hkv, T, g, hd).permute(0, 2, 1, 3, 4).reshape(S, T, Hq * hd)
+
+
+def query_rows_mask(visible: torch.Tensor, g: int) -> torch.Tensor:
+    """bool [S, 1, T * g, N] of visible [S, T, N]: row t * g + j is query t (`attend` folds the g query
+    heads of a KV head into its rows), the same for every KV head."""
+    # select, rather than expand + reshape, which over the dynamic key count leaves torch.export a
+    # guard it cannot prove
+    row_query = torch.arange(visible.shape[1] * g, device=visible.device) // g
+    return visible.index_select(1, row_query)[:, None]
 
 
 def attend_matmul(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
     """`attend` as matmul, float32 softmax, matmul: the form the CPU backend runs best.
 
     On IREE's llvm-cpu backend the fused attention op made the demo pair's decode step 1.5x slower
-    than this (bench/demo_rounds.py --attention matmul, bench/results/demo_rounds_host_attention.json),
+    than this (experiments/2026-11-30-one-call-rounds/demo_rounds.py --attention matmul, experiments/2026-11-30-host-attention-form/),
     while on the H200 this form is 3.4-8x slower than the fused op. Same arguments and result as
     `attend` (scores and softmax in float32).
     """
@@ -171,10 +214,21 @@ class Attention(nn.Module):
 
     def key_value(self, x: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
         """x [S, T, hidden] -> rotated k and v, each [S, T, Hkv, hd]."""
-        S, T, _ = x.shape
+        return self.rotate_kv(*project(x, (self.k_proj, self.v_proj)), cos, sin)
+
+    def rotate_kv(self, k: torch.Tensor, v: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+        """k_proj's and v_proj's results [S, T, kv_dim] -> rotated k and v, each [S, T, Hkv, hd]."""
+        S, T, _ = k.shape
         shape = (S, T, self.cfg.num_key_value_heads, self.cfg.head_dim)
-        k = norm_rope(self.k_norm, self.k_proj(x).view(shape), cos, sin, self.attention)
-        return k, self.v_proj(x).view(shape)
+        return norm_rope(self.k_norm, k.view(shape), cos, sin, self.attention), v.view(shape)
+
+    def qkv(self, x: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`query` and `key_value` of x [S, T, hidden] with the three projections as one named op."""
+        S, T, _ = x.shape
+        q, k, v = project(x, (self.q_proj, self.k_proj, self.v_proj))
+        q = norm_rope(self.q_norm, q.view(S, T, self.cfg.num_attention_heads, self.cfg.head_dim), cos, sin,
+                      self.attention)
+        return (q, *self.rotate_kv(k, v, cos, sin))
 
 
 def cache_rows(cache: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -202,8 +256,35 @@ def write_cache(cache: torch.Tensor, rows: torch.Tensor, k: torch.Tensor, v: tor
     cache.view(S * L * 2 * C, D).index_copy_(0, rows, values.to(cache.dtype))
 
 
+def cache_attention(q: torch.Tensor, cache: torch.Tensor, layer: int, read_len: int, positions: torch.Tensor,
+                    attention: str) -> torch.Tensor:
+    """The attention of a block's queries over the first `read_len` rows of one layer of the KV cache.
+
+    Args:
+        q: [S, T, Hq, hd]; cache: [S, L, 2, C, Hkv * hd], this step's keys and values written
+            (`write_cache`); positions: int64 [S, T], the queries' positions (key n is visible to
+            query t when n <= positions[t]).
+        attention: the form (`ATTENTION`) that computes it.
+
+    Returns:
+        [S, T, Hq * hd] in q's dtype. Exported, the named op `dflash::block_attention` on q, the
+        whole cache and the layer (the block attention kernel reads the cache in place), with the
+        form's result as its reference.
+    """
+    S, hkv, hd = cache.shape[0], cache.shape[-1] // q.shape[-1], q.shape[-1]
+    keys = cache[:, layer, 0, :read_len].view(S, read_len, hkv, hd)
+    values = cache[:, layer, 1, :read_len].view(S, read_len, hkv, hd)
+    key_pos = torch.arange(read_len, dtype=torch.int64, device=positions.device)[None, None, :]
+    visible = key_pos <= positions[:, :, None]
+    out = attention_fn(attention)(q, keys, values, visible)
+    if not torch.compiler.is_exporting():
+        return out
+    return ops.block_attention(q, cache, layer, query_rows_mask(visible, q.shape[2] // hkv), out)
+
+
 class DecoderLayer(nn.Module):
-    """Pre-norm Qwen3 decoder layer: x + attn(norm(x)), then x + mlp(norm(x))."""
+    """Pre-norm Qwen3 decoder layer: x + attn(norm(x)), then x + mlp(norm(x)); the target's, and
+    with another `forward` the drafter's (export/dflash.py `DrafterLayer`)."""
 
     def __init__(self, cfg: LayerShape, dtype=None, device=None, attention: str = "fused"):
         super().__init__()
@@ -213,23 +294,20 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg, dtype, device)
         self.attention = attention
 
+    def finish(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """x + o_proj(attended), then that + mlp(norm(that)): x [S, T, hidden], attended [S, T, Hq * hd]."""
+        x = project_residual(attended, self.self_attn.o_proj, x)
+        return self.mlp.add_to(x, self.post_attention_layernorm(x))
+
     def forward(self, x, cos, sin, positions, cache: torch.Tensor | None, layer: int, read_len: int,
                 rows: torch.Tensor | None) -> torch.Tensor:
         """rows: this layer's `cache_rows(cache, positions)[layer]` (None without a cache)."""
-        h = self.input_layernorm(x)
-        q = self.self_attn.query(h, cos, sin)
-        k, v = self.self_attn.key_value(h, cos, sin)
+        q, k, v = self.self_attn.qkv(self.input_layernorm(x), cos, sin)
         if cache is None:  # training: attend within the block only
-            keys, values, key_pos = k, v, positions[:, None, :]
-        else:
-            write_cache(cache, rows, k, v)
-            S, hkv, hd = cache.shape[0], k.shape[2], k.shape[3]
-            keys = cache[:, layer, 0, :read_len].view(S, read_len, hkv, hd)
-            values = cache[:, layer, 1, :read_len].view(S, read_len, hkv, hd)
-            key_pos = torch.arange(read_len, dtype=torch.int64, device=positions.device)[None, None, :]
-        visible = key_pos <= positions[:, :, None]
-        x = x + self.self_attn.o_proj(attention_fn(self.attention)(q, keys, values, visible))
-        return x + self.mlp(self.post_attention_layernorm(x))
+            visible = positions[:, None, :] <= positions[:, :, None]
+            return self.finish(x, attention_fn(self.attention)(q, k, v, visible))
+        write_cache(cache, rows, k, v)
+        return self.finish(x, cache_attention(q, cache, layer, read_len, positions, self.attention))
 
 
 class Qwen3Body(nn.Module):
@@ -311,6 +389,6 @@ class Qwen3(nn.Module):
         tapped = torch.cat([taps[i] for i in self.tap_layer_ids], -1) if taps else x[..., :0]
         if last_only:
             h, positions = h[:, -1:], positions[:, -1:]
-        logits = self.lm_head(h).float()
+        logits = project(h, [self.lm_head])[0].float()
         chosen = choose_tokens(logits, positions + 1, sampling)
         return chosen, logits, tapped

@@ -1,7 +1,9 @@
-"""Custom dispatches, one kernel body for every backend: draft top-K with log-probs, and the skinny GEMM
-of the verify / draft matmuls.
+"""Custom dispatches, one folder per kernel, one body for every backend: the draft top-K with
+log-probs (`topk/`), the skinny GEMM of the verify / draft matmuls (`gemm/`), the block attention
+of the verify step (`attention/`) and the head norm + rope (`norm_rope/`).
 
-`topk.topk_dispatch(n, V, K, arch)` and `gemm.gemm_dispatch(M, N, K, arch)` give the MLIR that
-export/splice.py splices into the exported module (see kernels/README.md); `check` is
-`dflash-iree topk-check`; `build` is `make kernels`.
+Each folder's dispatch builder (`topk_dispatch`, `gemm_dispatch`, `attention_dispatch`,
+`norm_rope_dispatch`) gives the MLIR that export/splice.py splices into the exported module, bound
+to the committed objects of `objects/` (see kernels/README.md); `hal.py` holds the HAL text they
+share; `build` is `make kernels`; `isa` inspects the objects; `topk.check` is `dflash-iree topk-check`.
 """

@@ -1,11 +1,13 @@
-"""`make kernels`: rebuild the committed kernel objects (top-K, skinny GEMM, block attention) with the pinned clang, inspect them, write the manifest.
+"""`make kernels`: rebuild the committed kernel objects (top-K, skinny GEMM, block attention, norm + rope) with the pinned clang, inspect them, write the manifest.
 
     python -m dflash_iree.kernels.build            # rebuild kernels/objects/ and its manifest.json
     python -m dflash_iree.kernels.build --check    # rebuild into a temporary folder, compare bytes
 
 One compiler builds every object, so one version pins them all: clang-19 (Debian 19.1.7) with
 lld-19, both from `apt-get install clang-19 lld-19`. Outputs are byte-for-byte reproducible with
-that version (no paths or dates inside), which is what --check relies on.
+that version (no paths or dates inside), which is what --check relies on. Each kernel's sources are
+in its folder, kernels/<kernel>/, and clang runs there (so the commands name the files alone);
+which archs each kernel is built for is dflash_iree/arch.py's table.
 
 - sm_80/86/89: PTX through clang's CUDA mode without CUDA headers or libdevice. The PTX ISA
   version is set explicitly (7.8, loaded by every CUDA 12 driver; sm_89 needs at least 7.8);
@@ -25,6 +27,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from dflash_iree.arch import KERNELS, kernel_archs
+
 from .isa import inspect_object, kernels_of
 
 HERE = Path(__file__).resolve().parent
@@ -32,8 +36,9 @@ OBJECTS = HERE / "objects"
 CLANG, LLD = "clang-19", "ld.lld-19"
 PINNED = "19.1.7"
 PTX_ISA = "7.8"
-SOURCES = ("topk_body.h", "topk_gpu.cu", "topk_cpu.c", "gemm_body.h", "gemm_gpu.cu", "gpu.h", "attention_body.h",
-           "attention_gpu.cu", "norm_rope_body.h", "norm_rope_gpu.cu")
+SOURCES = ("topk/topk_body.h", "topk/topk_gpu.cu", "topk/topk_cpu.c", "gemm/gemm_body.h", "gemm/gemm_gpu.cu", "gpu.h",
+           "attention/attention_body.h", "attention/attention_gpu.cu", "norm_rope/norm_rope_body.h",
+           "norm_rope/norm_rope_gpu.cu")
 
 # Embedded-ELF objects: no libc or builtins to call, no stack protector (no TLS), and the fast-math
 # subset that lets clang vectorize the exp sum (reassociation), without assuming finite values
@@ -43,43 +48,25 @@ _CPU_FLAGS = ["-std=c17", "-O3", "-ffreestanding", "-fno-builtin", "-fno-stack-p
               "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros", "-ffp-contract=fast"]
 
 
-def targets() -> dict[str, tuple[str, list[str]]]:
-    """Object file name -> (arch, clang arguments after the compiler name; paths relative to kernels/)."""
+def targets() -> dict[str, tuple[str, str, list[str]]]:
+    """Object file name -> (arch, the kernel folder clang runs in, clang arguments after the compiler name)."""
+    cuda = ["-x", "cuda", "--cuda-device-only", "-nocudainc", "-nocudalib", "--cuda-path=/nonexistent", None,
+            "-Xclang", "-target-feature", "-Xclang", "+ptx" + PTX_ISA.replace(".", ""), "-O3", "-S"]
+    hip = ["-x", "hip", None, "--offload-device-only", "--no-gpu-bundle-output", "-fuse-cuid=none", "-nogpulib",
+           "-nogpuinc", "-O3", f"--ld-path={shutil.which(LLD) or LLD}"]
     out = {}
-    for arch in ("sm_80", "sm_86", "sm_89"):
-        out[f"topk_{arch}.ptx"] = (arch, ["-x", "cuda", "--cuda-device-only", "-nocudainc", "-nocudalib",
-                                          "--cuda-path=/nonexistent", f"--cuda-gpu-arch={arch}", "-Xclang",
-                                          "-target-feature", "-Xclang", "+ptx" + PTX_ISA.replace(".", ""), "-O3",
-                                          "-S", "topk_gpu.cu"])
-    for arch in ("gfx1030", "gfx1100", "gfx1151", "gfx1201"):
-        out[f"topk_{arch}.co"] = (arch, ["-x", "hip", f"--offload-arch={arch}", "--offload-device-only",
-                                         "--no-gpu-bundle-output", "-fuse-cuid=none", "-nogpulib", "-nogpuinc", "-O3",
-                                         f"--ld-path={shutil.which(LLD) or LLD}", "topk_gpu.cu"])
-    # The skinny GEMM (gemm_gpu.cu): GPU archs with matrix instructions only (gfx1030 has no WMMA;
-    # the host CPU keeps IREE's own matmul).
-    for arch in ("sm_80", "sm_86", "sm_89"):
-        out[f"gemm_{arch}.ptx"] = (arch, [a if a != "topk_gpu.cu" else "gemm_gpu.cu" for a in out[f"topk_{arch}.ptx"][1]])
-    for arch in ("gfx1100", "gfx1151", "gfx1201"):
-        out[f"gemm_{arch}.co"] = (arch, [a if a != "topk_gpu.cu" else "gemm_gpu.cu" for a in out[f"topk_{arch}.co"][1]])
-    # The block attention (attention_gpu.cu): scalar f32 math, so every GPU arch, gfx1030 included.
-    for arch in ("sm_80", "sm_86", "sm_89"):
-        out[f"attention_{arch}.ptx"] = (arch, [a if a != "topk_gpu.cu" else "attention_gpu.cu"
-                                               for a in out[f"topk_{arch}.ptx"][1]])
-    for arch in ("gfx1030", "gfx1100", "gfx1151", "gfx1201"):
-        out[f"attention_{arch}.co"] = (arch, [a if a != "topk_gpu.cu" else "attention_gpu.cu"
-                                              for a in out[f"topk_{arch}.co"][1]])
-    # The head norm + rope (norm_rope_gpu.cu): every GPU arch; no contracted multiply-adds, so that each
-    # product rounds as the eager ops' do (norm_rope_body.h).
-    for arch in ("sm_80", "sm_86", "sm_89"):
-        out[f"norm_rope_{arch}.ptx"] = (arch, [a for a in out[f"topk_{arch}.ptx"][1] if a != "topk_gpu.cu"]
-                                        + ["-ffp-contract=off", "norm_rope_gpu.cu"])
-    for arch in ("gfx1030", "gfx1100", "gfx1151", "gfx1201"):
-        out[f"norm_rope_{arch}.co"] = (arch, [a for a in out[f"topk_{arch}.co"][1] if a != "topk_gpu.cu"]
-                                       + ["-ffp-contract=off", "norm_rope_gpu.cu"])
-    out["topk_x86_64.o"] = ("host", ["--target=x86_64-unknown-unknown-eabi-elf", "-march=x86-64-v3", *_CPU_FLAGS,
-                                     "-c", "topk_cpu.c"])
-    out["topk_arm_64.o"] = ("host-arm_64", ["--target=aarch64-none-elf", "-march=armv8-a", *_CPU_FLAGS,
-                                            "-c", "topk_cpu.c"])
+    for kernel in KERNELS:
+        # The norm + rope: no contracted multiply-adds, so that each product rounds as the eager ops'
+        # do (norm_rope/norm_rope_body.h). The GEMM is on the archs with matrix instructions only.
+        tail = (["-ffp-contract=off"] if kernel == "norm_rope" else []) + [f"{kernel}_gpu.cu"]
+        for arch in kernel_archs(kernel, "cuda"):
+            out[f"{kernel}_{arch}.ptx"] = (arch, kernel, [a or f"--cuda-gpu-arch={arch}" for a in cuda] + tail)
+        for arch in kernel_archs(kernel, "hip"):
+            out[f"{kernel}_{arch}.co"] = (arch, kernel, [a or f"--offload-arch={arch}" for a in hip] + tail)
+    out["topk_x86_64.o"] = ("host", "topk", ["--target=x86_64-unknown-unknown-eabi-elf", "-march=x86-64-v3",
+                                             *_CPU_FLAGS, "-c", "topk_cpu.c"])
+    out["topk_arm_64.o"] = ("host-arm_64", "topk", ["--target=aarch64-none-elf", "-march=armv8-a", *_CPU_FLAGS,
+                                                    "-c", "topk_cpu.c"])
     return out
 
 
@@ -101,9 +88,9 @@ def build(outdir: Path) -> dict:
         raise RuntimeError(f"{CLANG} and {LLD} are needed: apt-get install clang-19 lld-19")
     outdir.mkdir(parents=True, exist_ok=True)
     objects = {}
-    for name, (arch, args) in targets().items():
-        out = outdir / name
-        subprocess.run([CLANG, *args, "-o", str(out)], cwd=HERE, check=True)
+    for name, (arch, folder, args) in targets().items():
+        out = outdir.resolve() / name
+        subprocess.run([CLANG, *args, "-o", str(out)], cwd=HERE / folder, check=True)
         problems = inspect_object(out, arch.replace("host-arm_64", "host"), kernels_of(name))
         if problems:
             raise RuntimeError(f"{name}: " + "; ".join(problems))

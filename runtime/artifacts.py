@@ -1,9 +1,9 @@
 """Compiled artifacts on disk: read the manifest, check them, open a device, bind the weights.
 
 Checks made before any work, each with an error that names the file or field and the fix:
-- the manifest is whole and every file it lists exists, with the recorded size and sha256
-  (dflash_iree/guard.py);
-- the device's driver can run the manifest's arch (an sm_89 module on `hip` is refused by name);
+- the manifest is whole, of this format version and has every field (dflash_iree/guard.py,
+  dflash_iree/manifest.py), and every file it lists exists, with the recorded size and sha256;
+- the device's driver is the manifest's `driver` (an sm_89 module on `hip` is refused by name);
 - every parameter key the module needs is in the checkpoint with the recorded shape and dtype,
   all problems listed at once, with the `--dtype` to compile with when only the dtype differs;
   then the checkpoints' parsed config fields that the graph computes with against the manifest's
@@ -22,34 +22,10 @@ from pathlib import Path
 from dflash_iree import guard
 from dflash_iree.checkpoint import index_checkpoint
 from dflash_iree.errors import DFlashError
+from dflash_iree.manifest import MANIFEST_FILE, Manifest, numpy_dtype  # noqa: F401 (numpy_dtype: runtime/module.py)
 
-FORMAT_VERSION = 2
-NUMPY_DTYPES = {"f32": "float32", "f16": "float16", "i64": "int64", "i32": "int32", "i8": "int8"}
 MAX_PROBLEM_LINES = 12  # a wrong checkpoint mismatches every parameter: the first lines say enough
 DTYPE_HINT = "  the checkpoint holds"  # check_checkpoint's closing line when only dtypes differ
-
-
-def numpy_dtype(name: str):
-    """The numpy dtype of a manifest dtype name ("bf16": ml_dtypes.bfloat16, which comes with
-    iree-base-runtime; numpy has none)."""
-    import numpy as np
-
-    if name == "bf16":
-        import ml_dtypes
-
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(NUMPY_DTYPES[name])
-
-
-def arch_driver(arch: str) -> str:
-    """The IREE driver an arch runs on: local-task (host CPU), cuda (sm_*), hip (gfx*)."""
-    if arch == "host" or arch.startswith("cpu"):
-        return "local-task"
-    if arch.startswith("sm_"):
-        return "cuda"
-    if arch.startswith("gfx"):
-        return "hip"
-    raise DFlashError(f"unknown arch '{arch}' in the manifest; recompile with dflash-iree compile")
 
 
 @dataclass
@@ -57,36 +33,34 @@ class Artifacts:
     """A compiled artifact folder: `manifest.json` plus the module it lists."""
 
     folder: Path
-    manifest: dict
+    manifest: Manifest
 
     @classmethod
     def load(cls, folder: str | Path) -> "Artifacts":
         """Read and check `folder/manifest.json` and the files it lists.
 
         Raises:
-            DFlashError: a missing folder or manifest, another format version, a missing file or a
-                sha256 mismatch.
+            DFlashError: a missing folder or manifest, another format version or a missing field
+                (Manifest.load), a missing file or a sha256 mismatch.
         """
         folder = Path(folder)
-        path = folder / "manifest.json"
-        manifest = guard.read_manifest(folder)
-        if manifest.get("format_version") != FORMAT_VERSION:
-            raise DFlashError(f"{path}: format_version {manifest.get('format_version')} is not {FORMAT_VERSION}; "
-                              "recompile with this version of dflash-iree")
-        guard.check_files(folder, manifest)
+        path = folder / MANIFEST_FILE
+        data = guard.read_manifest(folder)  # whole, JSON, an object (a cut-off file is named)
+        manifest = Manifest.from_json(data, path)
+        guard.check_files(folder, data)
         return cls(folder, manifest)
 
     @property
     def arch(self) -> str:
-        return self.manifest["arch"]
+        return self.manifest.arch
 
     @property
     def block_size(self) -> int:
-        return int(self.manifest["block_size"])
+        return int(self.manifest.block_size)
 
     @property
     def max_context(self) -> int:
-        return int(self.manifest["max_context"])
+        return int(self.manifest.max_context)
 
     @property
     def target_folder(self) -> str:
@@ -103,7 +77,7 @@ class Artifacts:
         `folder_relative` against this artifact folder when that exists (artifacts moved together
         with their checkpoints), else its absolute `folder` (the only entry of manifests written
         before folder_relative; artifacts moved without their checkpoints). Not checked to exist."""
-        entry = self.manifest[scope]
+        entry = getattr(self.manifest, scope)
         if "folder_relative" in entry:
             near = self.folder / entry["folder_relative"]
             if near.is_dir():
@@ -126,7 +100,7 @@ class Artifacts:
         folder = self.recorded_folder(scope)
         if folder.is_dir():
             return folder
-        entry = self.manifest[scope]
+        entry = getattr(self.manifest, scope)
         where = f"{scope}.folder {entry['folder']}"
         if "folder_relative" in entry:
             where = (f"neither {scope}.folder_relative {entry['folder_relative']} (from {self.folder}: "
@@ -137,17 +111,17 @@ class Artifacts:
 
     @property
     def eos_token_ids(self) -> list[int]:
-        return list(self.manifest["target"]["config"].get("eos_token_ids", []))
+        return self.manifest.eos_token_ids
 
     @property
     def vmfb(self) -> Path:
-        return self.folder / self.manifest["module"]
+        return self.folder / self.manifest.module
 
     def check_checkpoint(self, scope: str, folder: str | Path) -> list[str]:
         """Problems between the module's `scope` parameters and the checkpoint at `folder` (empty: fits)."""
         index = index_checkpoint(folder)
         problems, only_dtype = [], True
-        for key, want in self.manifest["parameters"][scope].items():
+        for key, want in self.manifest.parameters[scope].items():
             info = index.get(key)
             if info is None:
                 problems.append(f"  {scope} {key}: missing (expected {want['dtype']} {want['shape']})")
@@ -185,7 +159,7 @@ class Artifacts:
             raise DFlashError("\n".join(missing))
         target, drafter = folders["target"], folders["drafter"]
         problems = self.check_checkpoint("target", target) + self.check_checkpoint("drafter", drafter)
-        problems = problems or guard.config_problems(self.manifest, target, drafter)
+        problems = problems or guard.config_problems(self.manifest.to_json(), target, drafter)
         if problems:
             raise DFlashError(f"the checkpoints do not fit {self.folder}/manifest.json:\n" + _problem_lines(problems)
                               + _swapped_hint(self, target, drafter))
@@ -220,27 +194,27 @@ class Artifacts:
                                                       rt.create_io_parameters_module(instance, *providers), vm_module])
         except RuntimeError as e:  # the module's initializer allocates the KV caches
             if "RESOURCE_EXHAUSTED" in str(e):
-                raise guard.out_of_memory(self.manifest, self.folder, arch_driver(self.arch), str(e)) from None
+                raise guard.out_of_memory(self.manifest.to_json(), self.folder, self.manifest.driver, str(e)) from None
             raise
         functions = {e["name"]: EntryCall(rt.FunctionInvoker(context, device, vm_module.lookup_function(e["name"])), e)
-                     for e in self.manifest["entry_points"]}
-        shapes = self.manifest["shapes"]
+                     for e in self.manifest.entry_points}
+        shapes = self.manifest.shapes
         pair = CompiledPair(device, functions, self.block_size, shapes["kv_page"], shapes["tap_width"],
-                            numpy_dtype(self.manifest["dtype"]), context, vm_module,
-                            int(self.manifest.get("draft_top_k", 0)))
+                            numpy_dtype(self.manifest.dtype), context, vm_module, int(self.manifest.draft_top_k))
         pair._keep = (instance, context, vm_module)  # the functions need these alive
         return pair
 
 
 def open_device(arts: Artifacts, name: str | None = None):
-    """The IREE device for `arts`: `name` ("cuda", "cuda://1", "hip", "local-task") or the arch's default.
+    """The IREE device for `arts`: `name` ("cuda", "cuda://1", "hip", "local-task") or the manifest's driver.
 
     Raises:
-        DFlashError: the device's driver cannot run the arch, or the device cannot be opened.
+        DFlashError: the device's driver is not the manifest's `driver` (local-sync and local-task
+            both run a local-task module), or the device cannot be opened.
     """
     import iree.runtime as rt
 
-    want = arch_driver(arts.arch)
+    want = arts.manifest.driver
     name = name or want
     driver = name.split("://")[0]
     cpu = {"local-task", "local-sync"}

@@ -64,8 +64,8 @@ class Engine:
         self.eos_ids = frozenset(artifacts.eos_token_ids)
         # K of the draft_topk entry point (dflash-iree compile --draft-top-k; 0: none, as in
         # manifests written before it existed)
-        self.compiled_draft_top_k = int(artifacts.manifest.get("draft_top_k", 0))
-        self.vocab_size = int(artifacts.manifest["target"]["config"]["vocab_size"])  # request ids are checked against it
+        self.compiled_draft_top_k = int(artifacts.manifest.draft_top_k)
+        self.vocab_size = int(artifacts.manifest.target["config"]["vocab_size"])  # request ids are checked against it
         self.text_error = f"{artifacts.target_folder} has no tokenizer.json; pass token ids"  # why text fails (codec None)
 
     @classmethod

@@ -15,11 +15,11 @@ int64 [2B] row with the device's accepted-row count, and, from `draft_topk` only
 ids (int32 [B - 1, K]) and log-probs (float32 [B - 1, K]): 8 * (B - 1) * K more bytes a round.
 Never logits, taps or caches (tests/test_runtime.py checks the count).
 
-Host-side cost of a call (docs/performance.md, "Host time of a step"): arguments are written into
+Host-side cost of a call (docs/architecture.md, "Host time of a step"): arguments are written into
 pinned host buffers the device reads directly, and outputs are written by the call into pinned
 buffers the host reads in place, both reused from call to call (`Staging`), instead of iree.runtime's
 default of a new device buffer and a synchronous upload per argument, and of a queued copy the host
-waits for per result (docs/performance.md, "Results written into the caller's buffers"). Plain
+waits for per result (docs/architecture.md, "Results written into the caller's buffers"). Plain
 decoding also runs one step ahead of the host (`decode_ahead`): each step's `$async` entry point is
 queued with the previous step's output buffer as its token and a fence on that step.
 """
@@ -233,7 +233,7 @@ class CompiledPair:
         Step i (the token at start + i) is queued before step i - 1's token reaches the host; its
         input token is the pinned buffer step i - 1 wrote. The tokens are those of n `decode` calls.
         On the pinned CUDA HAL an invocation returns only when its step is done, so the gain is the
-        cheaper argument and result handling, not overlap (docs/performance.md, "Where a step's time
+        cheaper argument and result handling, not overlap (docs/architecture.md, "Where a step's time
         goes"). One request at a time: no other call may run on this pair while the generator is open.
 
         Args:

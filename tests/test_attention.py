@@ -1,11 +1,10 @@
-"""The block-attention dispatch (kernels/attention_*): objects, MLIR, refusals, and the splice of the verify
-attention over the KV cache. The kernel runs only on a GPU: parity and speed are bench/attention_bench.py
+"""The block-attention dispatch (kernels/attention/): objects, MLIR, refusals, and the lowering of the
+model's attention over the KV cache (the named op `dflash::block_attention`). The kernel runs only on a GPU: parity and speed are bench/attention_bench.py
 on the H200 (experiments/2026-11-30-block-attention/)."""
 
 from __future__ import annotations
 
 import functools
-
 import pytest
 
 from dflash_iree.errors import DFlashError
@@ -56,46 +55,48 @@ def test_compiles_for_gpu_targets(arch):
         assert len(ic.compile_str(standalone_module(d), extra_args=flags + d.flags)) > 10000
 
 
-# export/qwen3.py's attention over the cache at tiny sizes, as the test exports it: T tokens, g query
-# heads per KV head.
+# The model's own attention over the cache (export/qwen3.py `cache_attention`: its cache read and the
+# named op), over every layer of a tiny bf16 cache: T tokens, g query heads per KV head.
 LAYERS, CONTEXT, HKV, HD, PAGE = 2, 128, 2, 16, 32
 
 
-def _layers_module(attend):
-    """`attend` over every layer of a KV cache laid out as export/qwen3.py `write_cache` lays it:
-    forward(q [LAYERS, 1, T, Hq, HD] bf16, cache [1, LAYERS, 2, CONTEXT, HKV * HD] bf16, start [1]
-    int64, pages [P] int8) -> [LAYERS, 1, T, Hq * HD], reading P * PAGE cache rows with the causal
-    mask of tokens at start.. (bench/attention_bench.py builds the same at the 8B sizes)."""
+def _layers_module(scale: float | None = None):
+    """forward(q [LAYERS, 1, T, Hq, HD], cache [1, LAYERS, 2, CONTEXT, HKV * HD], start [1], pages [P])
+    -> [LAYERS, 1, T, Hq * HD]; with SCALE, the named op is called with that scale."""
     import torch
-    from torch import nn
 
-    class Layers(nn.Module):
+    from dflash_iree.export import ops, qwen3
+
+    class Layers(torch.nn.Module):
         def forward(self, q, cache, start, pages):
             read_len = pages.shape[0] * PAGE
             positions = start[:, None] + torch.arange(q.shape[2], dtype=torch.int64)
-            visible = torch.arange(read_len, dtype=torch.int64)[None, None, :] <= positions[:, :, None]
             outs = []
             for layer in range(LAYERS):
-                k = cache[:, layer, 0, :read_len].view(1, read_len, HKV, HD)
-                v = cache[:, layer, 1, :read_len].view(1, read_len, HKV, HD)
-                outs.append(attend(q[layer], k, v, visible))
+                if scale is None:
+                    outs.append(qwen3.cache_attention(q[layer], cache, layer, read_len, positions, "fused"))
+                    continue
+                keys = cache[:, layer, 0, :read_len].view(1, read_len, HKV, HD)
+                values = cache[:, layer, 1, :read_len].view(1, read_len, HKV, HD)
+                visible = torch.arange(read_len)[None, None, :] <= positions[:, :, None]
+                ref = qwen3.attend(q[layer], keys, values, visible)
+                mask = qwen3.query_rows_mask(visible, q.shape[3] // HKV)
+                outs.append(ops.block_attention(q[layer], cache, layer, mask, ref, None, scale))
             return torch.stack(outs)
 
     return Layers()
 
 
-def _export(tmp_path, T: int, g: int):
+def _export(tmp_path, T: int, g: int, scale: float | None = None):
     torch = pytest.importorskip("torch")
     aot = pytest.importorskip("iree.turbine.aot")
-    from dflash_iree.export.qwen3 import attend
 
     q = torch.zeros(LAYERS, 1, T, HKV * g, HD, dtype=torch.bfloat16)
     cache = torch.zeros(1, LAYERS, 2, CONTEXT, HKV * HD, dtype=torch.bfloat16)
     pages = torch.export.Dim("P", min=1, max=CONTEXT // PAGE)
-    module = _layers_module(attend)
-    out = aot.export(module, args=(q, cache, torch.tensor([5]), torch.zeros(2, dtype=torch.int8)),
+    out = aot.export(_layers_module(scale), args=(q, cache, torch.tensor([5]), torch.zeros(2, dtype=torch.int8)),
                      dynamic_shapes={"q": None, "cache": None, "start": None, "pages": {0: pages}})
-    path = tmp_path / f"attn-t{T}.mlir"
+    path = tmp_path / f"attn-t{T}{'' if scale is None else '-scaled'}.mlir"
     out.save_mlir(path)
     return path
 
@@ -110,23 +111,23 @@ def exported(tmp_path_factory):
                                           ("sm_80", 1, False)])
 def test_splice_takes_the_block_attention(exported, tmp_path, arch, T, taken):
     """Verify's attention (T * g >= ATTENTION_MIN_ROWS rows) takes the kernel, one call per layer with the
-    cache read whole; decode's (R = g) and the host's stay IREE's."""
+    cache read whole; decode's (R = g) and the host's go to IREE: the op's reference, the model's sdpa."""
     ic = pytest.importorskip("iree.compiler")
     from dflash_iree.export import splice
     from dflash_iree.export.compile import compile_flags, resolve_arch
 
     src = exported[T]
-    out, flags = splice.splice_file(src, tmp_path / "s.mlirbc", arch, {"attention": splice.splice_attention})
-    report = splice.last_report()
-    if not taken:
-        assert (out, flags, report) == (src, [], {})
-        return
+    out, flags, report = splice.splice_file(src, tmp_path / "s.mlirbc", arch, {"attention": splice.lower_attention})
     text = str(splice.load(out))
-    # attend's transposes of q and of the result are the kernel's addressing now (g = 2 query heads a KV head)
+    assert "torch.operator" not in text
+    if not taken:
+        assert flags == [] and "attention" not in report and sum(report["iree"]["attention"].values()) == LAYERS
+        assert text.count("torch.aten.scaled_dot_product_attention") == LAYERS
+        return
+    # q and the result in the model's layout (g = 2 query heads a KV head); the reference ops are dead
     name = f"dflash_attention_1x{HKV}x{2 * T}x{HD}_{LAYERS}x{CONTEXT}_g2"
-    assert splice.SDPA_OP not in text and text.count(f"util.call @{name}(") == LAYERS
-    assert "torch.aten.clone" not in text
-    assert report == {"attention": [{"S": 1, "Hkv": HKV, "R": 2 * T, "head_dim": HD, "ops": LAYERS, "g": 2}]}
+    assert text.count(f"util.call @{name}(") == LAYERS and "iree" not in report
+    assert report["attention"] == [{"S": 1, "Hkv": HKV, "R": 2 * T, "head_dim": HD, "ops": LAYERS, "g": 2}]
     extra = [f for f in compile_flags(resolve_arch(arch)[0]) if "opt-level" not in f]
     assert len(ic.compile_file(str(out), extra_args=extra + flags)) > 10000
 
@@ -136,43 +137,38 @@ def test_splice_min_rows(exported, tmp_path):
     pytest.importorskip("iree.compiler")
     from dflash_iree.export import splice
 
-    take = functools.partial(splice.splice_attention, min_rows=1)
-    out, _ = splice.splice_file(exported[1], tmp_path / "s.mlirbc", "sm_80", {"attention": take})
-    assert splice.last_report()["attention"][0]["R"] == 2
+    take = functools.partial(splice.lower_attention, min_rows=1)
+    _, _, report = splice.splice_file(exported[1], tmp_path / "s.mlirbc", "sm_80", {"attention": take})
+    assert report["attention"][0]["R"] == 2
 
 
-def _rewrite_sdpa(text: str, *, scale: float | None = None, causal: bool = False) -> str:
-    """The exported text with every attention given an explicit scale, or made causal."""
-    out = []
-    for i, line in enumerate(text.splitlines()):
-        if "torch.aten.scaled_dot_product_attention" in line:
-            indent = line[: len(line) - len(line.lstrip())]
-            args, types = line.split(" : ", 1)
-            ops = args.split(", ")
-            if scale is not None:
-                out.append(f"{indent}%sc{i} = torch.constant.float {scale!r}")
-                ops[6] = f"%sc{i}"
-                types = types.replace("!torch.none, !torch.bool ->", "!torch.float, !torch.bool ->")
-            if causal:
-                out.append(f"{indent}%ca{i} = torch.constant.bool true")
-                ops[5] = f"%ca{i}"
-            line = ", ".join(ops) + " : " + types
-        out.append(line)
-    return "\n".join(out) + "\n"
-
-
-@pytest.mark.parametrize("scale,causal,taken", [(0.125, False, True), (None, True, False)])
-def test_splice_scale_and_causal(exported, tmp_path, scale, causal, taken):
-    """An explicit scale is passed on (one function per f32 scale, named by its bits); a causal
-    attention is left to IREE (its mask is not the kernel's)."""
+def test_splice_scale(tmp_path):
+    """An explicit scale is passed on (one function per f32 scale, named by its bits)."""
     pytest.importorskip("iree.compiler")
     from dflash_iree.export import splice
 
-    src = tmp_path / "m.mlir"
-    src.write_text(_rewrite_sdpa(exported[4].read_text(), scale=scale, causal=causal))
-    out, flags = splice.splice_file(src, tmp_path / "s.mlirbc", "sm_80", {"attention": splice.splice_attention})
-    assert (out != src) == taken
-    if taken:
-        text = str(splice.load(out))
-        assert text.count(f"util.call @dflash_attention_1x{HKV}x8x{HD}_{LAYERS}x{CONTEXT}_s3e000000") == LAYERS
-        assert "arith.constant 1043900987 : i32" in text  # 0.125 * log2(e) as f32 bits: the scale push constant
+    src = _export(tmp_path, 4, 2, scale=0.125)
+    out, _, _ = splice.splice_file(src, tmp_path / "s.mlirbc", "sm_80", {"attention": splice.lower_attention})
+    text = str(splice.load(out))
+    assert text.count(f"util.call @dflash_attention_1x{HKV}x8x{HD}_{LAYERS}x{CONTEXT}_s3e000000_g2") == LAYERS
+    assert "arith.constant 1043900987 : i32" in text  # 0.125 * log2(e) as f32 bits: the scale push constant
+
+
+def test_numpy_reference_matches_torch():
+    """kernels/attention/reference.py against torch's scaled_dot_product_attention in float64, over a
+    layer of the cache with a partial mask (what bench/attention_bench.py scores the kernel with)."""
+    import numpy as np
+    import torch
+
+    from dflash_iree.kernels.attention.reference import attention
+
+    rng = np.random.default_rng(0)
+    S, H, R, D, L, C, N, layer = 2, 2, 5, 16, 3, 64, 40, 1
+    q = rng.standard_normal((S, H, R, D))
+    cache = rng.standard_normal((S, L, 2, C, H * D))
+    mask = rng.random((S, 1, R, N)) < 0.7
+    mask[..., 0] = True
+    kv = torch.from_numpy(cache[:, layer, :, :N]).reshape(S, 2, N, H, D).transpose(2, 3)
+    want = torch.nn.functional.scaled_dot_product_attention(torch.from_numpy(q), kv[:, 0], kv[:, 1],
+                                                            attn_mask=torch.from_numpy(mask))
+    np.testing.assert_allclose(attention(q, cache, mask, layer), want.numpy(), rtol=1e-12, atol=1e-12)

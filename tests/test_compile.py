@@ -28,8 +28,8 @@ from dflash_iree.export import compile as cc
 from dflash_iree.export.aot import KV_PAGE
 from dflash_iree.export.load import load_pair
 from dflash_iree.export.sampling import Sampling
-from dflash_iree.kernels.reference import score
-from dflash_iree.runtime.artifacts import NUMPY_DTYPES
+from dflash_iree.kernels.topk.reference import score
+from dflash_iree.manifest import DTYPES, Manifest, numpy_dtype
 
 RECORDS = Path(__file__).resolve().parents[1] / "compiled" / "records"
 UPDATE_RECORDS = os.environ.get("DFLASH_IREE_UPDATE_RECORDS") == "1"
@@ -138,6 +138,8 @@ def test_refuses_mismatched_drafter(capsys, tmp_path, target_dir, drafter_dir):
     (["--max-context", "100"], r"--max-context 100 is out of range: use a multiple of 32"),
     (["--max-context", "4096"], r"--max-context 4096 is out of range.*1024 \(the target's max_position_embeddings\)"),
     (["--streams", "0", "--max-context", "256"], r"--streams 0 is out of range"),
+    (["--streams", "2", "--max-context", "256"], r"--streams 2 is not supported yet: the runtime serves one stream "
+                                                 r"\(stream 0\) only; use --streams 1"),
     (["--draft-top-k", "65", "--max-context", "256"], r"--draft-top-k 65 is out of range: use 1\.\.64 .*or 0 for no draft_topk"),
     (["--draft-top-k", "-1", "--max-context", "256"], r"--draft-top-k -1 is out of range"),
 ])
@@ -206,8 +208,14 @@ def test_aliases():
     for hopper in ("h100", "h200"):
         arch, note = cc.resolve_arch(hopper)
         assert arch.name == "sm_80" and "sm_90" in note
-    with pytest.raises(DFlashError):
-        cc.resolve_arch("sm_90")
+    for hopper in ("sm_90", "sm_90a"):  # no such target in the pinned compiler: the message gives the way
+        with pytest.raises(DFlashError, match=rf"--arch {hopper}: .*no sm_90 target.*use --arch h200 or h100 \(sm_80\)"):
+            cc.resolve_arch(hopper)
+
+
+def test_refuses_sm_90_with_the_way_that_works(capsys, tmp_path, target_dir, drafter_dir):
+    _refused(capsys, ["--arch", "sm_90", "--target", str(target_dir), "--drafter", str(drafter_dir)],
+             tmp_path / "o", r"no sm_90 target .*JIT-compiled for Hopper.*use --arch h200 or h100 \(sm_80\)")
 
 
 # ---------------------------------------------------------------- the CLI's artifact
@@ -266,6 +274,8 @@ def test_manifest(host_cli, target_dir, drafter_dir):
     assert set(m["parameters"]["drafter"]) == set(on_disk)  # every drafter tensor is bound
     assert m["state"]["globals"]["target.kv_cache"]["shape"] == [1, 4, 2, CONTEXT, 32]
     assert sha256_file(host_cli / "dflash.vmfb") == m["files"]["dflash.vmfb"]
+    typed = Manifest.load(host_cli / "manifest.json")  # the typed manifest writes the same JSON back
+    assert typed.to_json() == m and list(typed.to_json()) == list(m) and typed.driver == "local-task"
 
 
 def test_cli_progress_and_summary(host_cli, target_dir, drafter_dir, tmp_path, capsys):
@@ -313,7 +323,7 @@ class Compiled:
         then its results, as the entry point returned them all before it wrote any (one: itself)."""
         rt = self.rt
         e = self.entries[name]
-        outs = [rt.asdevicearray(self.device, np.zeros(a["shape"], NUMPY_DTYPES[a["dtype"]]))
+        outs = [rt.asdevicearray(self.device, np.zeros(a["shape"], numpy_dtype(a["dtype"])))
                 for a in e["args"] if a["name"] in e["writes"]]
         fn = rt.FunctionInvoker(self.context, self.device, self.module.lookup_function(name))
         results = fn(*[a.numpy() if isinstance(a, torch.Tensor) else a for a in args], *outs)
@@ -377,7 +387,7 @@ def test_host_parity_with_eager(host_cli, target_dir, drafter_dir):
             want_ids, want_lps = drafter.top_k(want_logits, torch.tensor([T]), 8)
             s_ = score(want_logits[0].numpy(), T, top_ids[0].numpy(), top_lps[0].numpy())
             assert s_["id_mismatch"] == 0 and s_["max_lp_err"] <= 1e-4, (r, s_)
-            same = top_ids == want_ids  # elsewhere only exact ties may swap (kernels/reference.py)
+            same = top_ids == want_ids  # elsewhere only exact ties may swap (kernels/topk/reference.py)
             assert torch.equal(same, torch.ones_like(same)) or s_["tie_swap"] > 0, r
             assert (top_lps - want_lps).abs().max().item() <= 1e-4
             block = torch.cat([anchor[:, None], want_draft], 1)
@@ -441,9 +451,6 @@ def test_decode_copies_no_cache(records_built, tiny_export):
         assert sum(lengths) < layer_slice, (fn, lengths)
 
 
-_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "i64": 8, "i32": 4, "i8": 1, "i1": 1}
-
-
 def test_no_weight_copies_at_load(records_built, tiny_export):
     """IREE hoists constant expressions of parameters into globals computed at load (a transposed
     copy of every weight, once per entry point, before the linear decomposition of export/aot.py).
@@ -452,11 +459,11 @@ def test_no_weight_copies_at_load(records_built, tiny_export):
     ir = next(records_built["host"][1].glob("*.global-optimization.mlir")).read_text()
     hoisted = re.findall(r"util\.global private (?:mutable )?@(__hoisted\S*) .*?: tensor<([^>]*)>", ir)
     assert hoisted  # the pattern still matches what the compiler prints
-    smallest = min(int(np.prod(v["shape"])) * _BYTES[v["dtype"]]
+    smallest = min(int(np.prod(v["shape"])) * DTYPES[v["dtype"]].bytes
                    for scope in p.parameters.values() for v in scope.values() if len(v["shape"]) == 2)
     for name, ty in hoisted:
         *dims, dtype = ty.split("x")
-        size = int(np.prod([int(d) for d in dims])) * _BYTES[dtype]
+        size = int(np.prod([int(d) for d in dims])) * DTYPES[dtype].bytes
         assert size < smallest, f"{name}: tensor<{ty}> ({size} bytes) hoisted into a load-time global"
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from dflash_iree.errors import DFlashError
-from dflash_iree.kernels import gemm_reference as gref
+from dflash_iree.kernels.gemm import reference as gref
 from dflash_iree.kernels.gemm import ARCHS, CUDA_ARCHS, HIP_ARCHS, gemm_dispatch, gemm_plan, object_file, standalone_module
 from dflash_iree.kernels.isa import GEMM_KERNELS, Elf, amdgpu_kernels, inspect_object
 
@@ -189,41 +189,55 @@ def test_parity_rule():
     assert gref.score(off, x, w)["bad"] == 1
 
 
-# A torch-dialect linear as the export writes it: mm(x, transpose(weight global)).
-_LINEAR = """
-module @m {{
-  util.global private @w = dense<0.5> : tensor<{N}x{K}xbf16>
-  func.func @f(%x: !torch.vtensor<[{M},{K}],bf16>) -> !torch.vtensor<[{M},{N}],bf16> {{
-    %w = util.global.load @w : tensor<{N}x{K}xbf16>
-    %wt = torch_c.from_builtin_tensor %w : tensor<{N}x{K}xbf16> -> !torch.vtensor<[{N},{K}],bf16>
-    %i0 = torch.constant.int 0
-    %i1 = torch.constant.int 1
-    %t = torch.aten.transpose.int %wt, %i0, %i1 : !torch.vtensor<[{N},{K}],bf16>, !torch.int, !torch.int -> !torch.vtensor<[{K},{N}],bf16>
-    %y = torch.aten.mm %x, %t : !torch.vtensor<[{M},{K}],bf16>, !torch.vtensor<[{K},{N}],bf16> -> !torch.vtensor<[{M},{N}],bf16>
-    return %y : !torch.vtensor<[{M},{N}],bf16>
-  }}
-}}
-"""
+def _export_linears(tmp_path, M: int, body: str, Ns=(128,), K: int = 512, I: int = 512):
+    """Export a module through export/qwen3.py's linear helpers (the named ops) on x [1, M, K] bf16:
+    BODY "project" (one op over weights of Ns), "mlp" (MLP.add_to: swiglu, then down + residual)."""
+    torch = pytest.importorskip("torch")
+    aot = pytest.importorskip("iree.turbine.aot")
+    from types import SimpleNamespace
+
+    from dflash_iree.export import qwen3
+
+    class Linears(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ws = torch.nn.ModuleList(torch.nn.Linear(K, n, bias=False, dtype=torch.bfloat16) for n in Ns)
+            self.mlp = qwen3.MLP(SimpleNamespace(hidden_size=K, intermediate_size=I), torch.bfloat16)
+
+        def forward(self, x):
+            if body == "mlp":
+                return self.mlp.add_to(x, x * 2)
+            return tuple(qwen3.project(x, list(self.ws)))
+
+    path = tmp_path / f"{body}-{M}.mlir"
+    module = Linears()
+    aot.externalize_module_parameters(module)  # weights as globals, as in the real export
+    aot.export(module, args=(torch.zeros(1, M, K, dtype=torch.bfloat16),)).save_mlir(path)
+    return path
+
+
+def _lower(src, tmp_path, arch, **options):
+    from dflash_iree.export import splice
+
+    gemm = functools.partial(splice.lower_linear, **{"min_weight_bytes": 0, **options})  # small weights compile fast
+    return splice.splice_file(src, tmp_path / "s.mlirbc", arch, {"gemm": gemm})
 
 
 @pytest.mark.parametrize("arch,M,taken", [("sm_80", 16, True), ("gfx1151", 8, True), ("host", 16, False),
                                           ("gfx1030", 16, False), ("sm_80", 1, False), ("sm_80", 65, False)])
 def test_splice_replaces_linear(tmp_path, arch, M, taken):
-    pytest.importorskip("iree.compiler")
+    ic = pytest.importorskip("iree.compiler")
     from dflash_iree.export import splice
 
-    src = tmp_path / "m.mlir"
-    src.write_text(_LINEAR.format(M=M, N=128, K=512))
-    gemm = functools.partial(splice.splice_gemm, min_weight_bytes=0)  # a small weight, to compile fast
-    out, flags = splice.splice_file(src, tmp_path / "s.mlirbc", arch, {"gemm": gemm})
-    report = splice.last_report()
-    if not taken:
-        assert (out, flags, report) == (src, [], {})
-        return
+    out, flags, report = _lower(_export_linears(tmp_path, M, "project"), tmp_path, arch)
     text = str(splice.load(out))
-    assert "torch.aten.mm" not in text and f"util.call @dflash_gemm_{M}x128x512" in text
-    assert report == {"gemm": [{"M": M, "N": 128, "K": 512, "ops": 1, "mms": 1, "splits": gemm_plan(128, 512, arch).splits}]}
-    ic = pytest.importorskip("iree.compiler")
+    assert "torch.operator" not in text
+    if not taken:  # the op's reference: IREE's own matmul
+        assert flags == [] and "gemm" not in report and sum(report["iree"]["gemm"].values()) == 1
+        assert "torch.aten.linear" in text  # aten.linear: this test exports without aot.py's 2-D decomposition
+        return
+    assert f"util.call @dflash_gemm_{M}x128x512" in text
+    assert report["gemm"] == [{"M": M, "N": 128, "K": 512, "ops": 1, "mms": 1, "splits": gemm_plan(128, 512, arch).splits}]
     from dflash_iree.kernels.topk import device_flags
 
     assert len(ic.compile_file(str(out), extra_args=device_flags(arch) + flags)) > 10000
@@ -235,190 +249,71 @@ def test_splice_leaves_small_weights_to_iree(tmp_path, N, taken):
     pytest.importorskip("iree.compiler")
     from dflash_iree.export import splice
 
-    src = tmp_path / "m.mlir"
-    src.write_text(_LINEAR.format(M=16, N=N, K=512))
-    out, _ = splice.splice_file(src, tmp_path / "s.mlirbc", "sm_80", {"gemm": splice.splice_gemm})
-    assert (out != src) == taken and (2 * N * 512 >= splice.GEMM_MIN_WEIGHT_BYTES) == taken
-
-
-# The q, k and v projections as the export writes them: three views of one [1, M, K] value, each
-# multiplied by a transposed weight global; o's input is another value.
-_QKVO = """
-module @m {{
-  util.global private @q = dense<0.5> : tensor<{N}x{K}xbf16>
-  util.global private @k = dense<0.25> : tensor<{Nkv}x{K}xbf16>
-  util.global private @v = dense<0.125> : tensor<{Nv}x{K}xbf16>
-  util.global private @o = dense<0.5> : tensor<{N}x{K}xbf16>
-  func.func @f(%h: !torch.vtensor<[1,{M},{K}],bf16>, %a: !torch.vtensor<[{M},{K}],bf16>) -> (!torch.vtensor<[{M},{N}],bf16>, !torch.vtensor<[{M},{Nkv}],bf16>, !torch.vtensor<[{M},{Nv}],bf16>, !torch.vtensor<[{M},{N}],bf16>) {{
-    %i0 = torch.constant.int 0
-    %i1 = torch.constant.int 1
-    %iM = torch.constant.int {M}
-    %iK = torch.constant.int {K}
-    %shape = torch.prim.ListConstruct %iM, %iK : (!torch.int, !torch.int) -> !torch.list<int>
-{mms}
-    return %y_q, %y_k, %y_v, %y_o : !torch.vtensor<[{M},{N}],bf16>, !torch.vtensor<[{M},{Nkv}],bf16>, !torch.vtensor<[{M},{Nv}],bf16>, !torch.vtensor<[{M},{N}],bf16>
-  }}
-}}
-"""
-_MM = """    %g_{w} = util.global.load @{w} : tensor<{n}x{K}xbf16>
-    %t_{w} = torch_c.from_builtin_tensor %g_{w} : tensor<{n}x{K}xbf16> -> !torch.vtensor<[{n},{K}],bf16>
-    %tt_{w} = torch.aten.transpose.int %t_{w}, %i0, %i1 : !torch.vtensor<[{n},{K}],bf16>, !torch.int, !torch.int -> !torch.vtensor<[{K},{n}],bf16>
-    %x_{w} = {x}
-    %y_{w} = torch.aten.mm %x_{w}, %tt_{w} : !torch.vtensor<[{M},{K}],bf16>, !torch.vtensor<[{K},{n}],bf16> -> !torch.vtensor<[{M},{n}],bf16>
-"""
+    _, _, report = _lower(_export_linears(tmp_path, 16, "project", Ns=(N,)), tmp_path, "sm_80",
+                          min_weight_bytes=splice.GEMM_MIN_WEIGHT_BYTES)
+    assert ("gemm" in report) == taken and (2 * N * 512 >= splice.GEMM_MIN_WEIGHT_BYTES) == taken
 
 
 @pytest.mark.parametrize("M", [16, 1])
-def test_splice_groups_the_mms_of_one_x(tmp_path, M):
-    """q, k and v (views of one value) become one grouped dispatch; o (another x) its own. At M = 1
-    (decode) only the run of three is taken: a lone weight stays IREE's matvec, faster there."""
-    pytest.importorskip("iree.compiler")
+def test_splice_groups_the_weights_of_one_op(tmp_path, M):
+    """q, k and v (one op) become one grouped dispatch, also at M = 1 (decode); a lone weight at M = 1
+    stays IREE's matvec, faster there."""
+    ic = pytest.importorskip("iree.compiler")
     from dflash_iree.export import splice
 
     N, Nkv, Nv, K = 128, 64, 96, 384
-    view = "torch.aten.view %h, %shape : !torch.vtensor<[1,{M},{K}],bf16>, !torch.list<int> -> !torch.vtensor<[{M},{K}],bf16>"
-    mms = "".join(_MM.format(w=w, n=n, K=K, M=M, x=(view if w != "o" else "torch.aten.clone %a, %none : !torch.vtensor<[{M},{K}],bf16>, !torch.none -> !torch.vtensor<[{M},{K}],bf16>").format(M=M, K=K))
-                  for w, n in (("q", N), ("k", Nkv), ("v", Nv), ("o", N)))
-    mms = "    %none = torch.constant.none\n" + mms
-    src = tmp_path / "m.mlir"
-    src.write_text(_QKVO.format(M=M, N=N, Nkv=Nkv, Nv=Nv, K=K, mms=mms))
-    gemm = functools.partial(splice.splice_gemm, min_weight_bytes=0)
-    out, flags = splice.splice_file(src, tmp_path / "s.mlirbc", "sm_80", {"gemm": gemm})
-    group = {"M": M, "N": [N, Nkv, Nv], "K": K, "ops": 1, "mms": 3, "splits": gemm_plan((N, Nkv, Nv), K, "sm_80").splits}
-    lone = {"M": M, "N": N, "K": K, "ops": 1, "mms": 1, "splits": gemm_plan(N, K, "sm_80").splits}
-    assert splice.last_report() == {"gemm": [group] if M == 1 else [lone, group]}
-    text = str(splice.load(out))  # the module verified: each result went to its own mm's uses (the types differ)
-    assert text.count("torch.aten.mm") == (M == 1) and f"util.call @dflash_gemm_{M}x{N}_{Nkv}_{Nv}x{K}" in text
-    ic = pytest.importorskip("iree.compiler")
+    out, flags, report = _lower(_export_linears(tmp_path, M, "project", Ns=(N, Nkv, Nv), K=K), tmp_path, "sm_80")
+    assert report["gemm"] == [{"M": M, "N": [N, Nkv, Nv], "K": K, "ops": 1, "mms": 3,
+                               "splits": gemm_plan((N, Nkv, Nv), K, "sm_80").splits}]
+    text = str(splice.load(out))  # the module verified: each result went to its own weight's uses (the types differ)
+    assert f"util.call @dflash_gemm_{M}x{N}_{Nkv}_{Nv}x{K}" in text
     from dflash_iree.kernels.topk import device_flags
 
     assert len(ic.compile_file(str(out), extra_args=device_flags("sm_80") + flags)) > 10000
+    _, _, lone = _lower(_export_linears(tmp_path, M, "project", Ns=(N,), K=K), tmp_path, "sm_80")
+    assert ("gemm" in lone) == (M > 1)
 
 
 @pytest.mark.parametrize("M", [16, 1])
-def test_splice_runs_of_three_and_mutable_globals(tmp_path, M):
-    """Five mms of one x become a run of 3 and a run of 2, in module order; an mm of a mutable
-    global (state, not a weight) is left to IREE. At M = 1 only a group of exactly three (a layer's
-    q, k and v) is taken: five stay IREE's."""
+def test_splice_runs_of_three(tmp_path, M):
+    """Five weights of one op (the drafter's context k and v of its layers) become a run of 3 and a run
+    of 2, in the op's order; at M = 1 only an op of exactly three (a layer's q, k and v) is taken."""
     pytest.importorskip("iree.compiler")
-    from dflash_iree.export import splice
 
-    K, ns = 384, [64, 80, 96, 112, 128]
-    head = [f"  util.global private @w{i} = dense<0.5> : tensor<{n}x{K}xbf16>" for i, n in enumerate(ns)]
-    head.append(f"  util.global private mutable @s = dense<0.5> : tensor<64x{K}xbf16>")
-    outs = [f"!torch.vtensor<[{M},{n}],bf16>" for n in ns + [64]]
-    body = [f"    %i0 = torch.constant.int 0", f"    %i1 = torch.constant.int 1",
-            f"    %iM = torch.constant.int {M}", f"    %iK = torch.constant.int {K}",
-            "    %shape = torch.prim.ListConstruct %iM, %iK : (!torch.int, !torch.int) -> !torch.list<int>"]
-    for i, n in enumerate(ns + [64]):
-        g = f"w{i}" if i < len(ns) else "s"
-        body.append(_MM.format(w=g, n=n, K=K, M=M, x=f"torch.aten.view %h, %shape : !torch.vtensor<[1,{M},{K}],bf16>, "
-                               f"!torch.list<int> -> !torch.vtensor<[{M},{K}],bf16>"))
-    rets = ", ".join(f"%y_w{i}" for i in range(len(ns))) + ", %y_s"
-    src = tmp_path / "m.mlir"
-    src.write_text("module @m {\n" + "\n".join(head) + f"\n  func.func @f(%h: !torch.vtensor<[1,{M},{K}],bf16>) -> "
-                   f"({', '.join(outs)}) {{\n" + "\n".join(body) + f"\n    return {rets} : {', '.join(outs)}\n  }}\n}}\n")
-    out, _ = splice.splice_file(src, tmp_path / "s.mlirbc", "sm_80",
-                                {"gemm": functools.partial(splice.splice_gemm, min_weight_bytes=0)})
+    ns = (64, 80, 96, 112, 128)
+    out, _, report = _lower(_export_linears(tmp_path, M, "project", Ns=ns, K=384), tmp_path, "sm_80")
     if M == 1:
-        assert out == src and splice.last_report() == {}
+        assert "gemm" not in report and report["iree"]["gemm"] == {"M=1: only a group of exactly 3 weights takes "
+                                                                   "the kernel": 5}
         return
-    assert [g["N"] for g in splice.last_report()["gemm"]] == [[64, 80, 96], [112, 128]]
-    assert str(splice.load(out)).count("torch.aten.mm") == 1
-
-
-# A Qwen3 MLP block as the export writes it (gate and up of one [1, M, K] value, silu(gate) * up,
-# down, then the residual add), for the epilogues.
-_MLP = """
-module @m {{
-  util.global private @g = dense<0.5> : tensor<{I}x{K}xbf16>
-  util.global private @u = dense<0.25> : tensor<{I}x{K}xbf16>
-  util.global private @d = dense<0.125> : tensor<{K}x{I}xbf16>
-  func.func @f(%h: !torch.vtensor<[1,{M},{K}],bf16>, %res: !torch.vtensor<[1,{M},{K}],bf16>) -> ({rtypes}) {{
-    %i0 = torch.constant.int 0
-    %i1 = torch.constant.int 1
-    %alpha = torch.constant.int {alpha}
-    %iM = torch.constant.int {M}
-    %iK = torch.constant.int {K}
-    %iI = torch.constant.int {I}
-    %s2 = torch.prim.ListConstruct %iM, %iK : (!torch.int, !torch.int) -> !torch.list<int>
-    %s3 = torch.prim.ListConstruct %i1, %iM, %iI : (!torch.int, !torch.int, !torch.int) -> !torch.list<int>
-    %s2i = torch.prim.ListConstruct %iM, %iI : (!torch.int, !torch.int) -> !torch.list<int>
-    %s3k = torch.prim.ListConstruct %i1, %iM, %iK : (!torch.int, !torch.int, !torch.int) -> !torch.list<int>
-{body}
-  }}
-}}
-"""
-_MLP_BODY = """{mm_g}    %vg = torch.aten.view %y_g, %s3 : !torch.vtensor<[{M},{I}],bf16>, !torch.list<int> -> !torch.vtensor<[1,{M},{I}],bf16>
-    %sg = torch.aten.silu %vg : !torch.vtensor<[1,{M},{I}],bf16> -> !torch.vtensor<[1,{M},{I}],bf16>
-{mm_u}    %vu = torch.aten.view %y_u, %s3 : !torch.vtensor<[{M},{I}],bf16>, !torch.list<int> -> !torch.vtensor<[1,{M},{I}],bf16>
-    %p = torch.aten.mul.Tensor %vu, %sg : !torch.vtensor<[1,{M},{I}],bf16>, !torch.vtensor<[1,{M},{I}],bf16> -> !torch.vtensor<[1,{M},{I}],bf16>
-{mm_d}    %vd = torch.aten.view %y_d, %s3k : !torch.vtensor<[{M},{K}],bf16>, !torch.list<int> -> !torch.vtensor<[1,{M},{K}],bf16>
-    %out = torch.aten.add.Tensor %res, %vd, %alpha : !torch.vtensor<[1,{M},{K}],bf16>, !torch.vtensor<[1,{M},{K}],bf16>, !torch.int -> !torch.vtensor<[1,{M},{K}],bf16>
-    return %out{extra} : {rtypes}
-"""
-
-
-def _mlp_module(M: int, K: int, I: int, alpha: int = 1, leak: bool = False) -> str:
-    """LEAK: silu(gate) is returned too (a second use), so the swiglu epilogue must not take it."""
-    view = f"torch.aten.view %h, %s2 : !torch.vtensor<[1,{M},{K}],bf16>, !torch.list<int> -> !torch.vtensor<[{M},{K}],bf16>"
-    mm_d = _MM.format(w="d", n=K, K=I, M=M, x=f"torch.aten.view %p, %s2i : !torch.vtensor<[1,{M},{I}],bf16>, "
-                      f"!torch.list<int> -> !torch.vtensor<[{M},{I}],bf16>")
-    rtypes = f"!torch.vtensor<[1,{M},{K}],bf16>" + (f", !torch.vtensor<[1,{M},{I}],bf16>" if leak else "")
-    body = _MLP_BODY.format(mm_g=_MM.format(w="g", n=I, K=K, M=M, x=view), mm_u=_MM.format(w="u", n=I, K=K, M=M, x=view),
-                            mm_d=mm_d, M=M, K=K, I=I, extra=", %sg" if leak else "", rtypes=rtypes)
-    return _MLP.format(M=M, K=K, I=I, alpha=alpha, rtypes=rtypes, body=body)
+    assert [g["N"] for g in report["gemm"]] == [[64, 80, 96], [112, 128]]
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "gfx1151"])
 def test_splice_epilogues(tmp_path, arch):
     """gate + up + silu * mul become one swiglu dispatch, down + the residual add one residual
-    dispatch; with epilogues off, the plain grouped and single dispatches (and the elementwise ops
-    stay with IREE)."""
-    pytest.importorskip("iree.compiler")
+    dispatch; with epilogues off, both go to IREE (the ops' references)."""
+    ic = pytest.importorskip("iree.compiler")
     from dflash_iree.export import splice
 
     M, K, I = 16, 256, 512
-    src = tmp_path / "m.mlir"
-    src.write_text(_mlp_module(M, K, I))
-    out, flags = splice.splice_file(src, tmp_path / "s.mlirbc", arch,
-                                    {"gemm": functools.partial(splice.splice_gemm, min_weight_bytes=0)})
-    assert [(g["N"], g["K"], g.get("epilogue")) for g in splice.last_report()["gemm"]] == [
-        (K, I, "residual"), ([I, I], K, "swiglu")]
+    src = _export_linears(tmp_path, M, "mlp", K=K, I=I)
+    out, flags, report = _lower(src, tmp_path, arch)
+    assert [(g["N"], g["K"], g.get("epilogue")) for g in report["gemm"]] == [(K, I, "residual"), ([I, I], K, "swiglu")]
     text = str(splice.load(out))
-    for gone in ("torch.aten.mm", "torch.aten.silu", "torch.aten.mul.Tensor", "torch.aten.add.Tensor"):
-        assert gone not in text, gone
     assert f"util.call @dflash_gemm_{M}x{I}_{I}x{K}_swiglu_1x{M}x{I}" in text
     assert f"util.call @dflash_gemm_{M}x{K}x{I}_residual_1x{M}x{K}" in text
-    ic = pytest.importorskip("iree.compiler")
     from dflash_iree.kernels.topk import device_flags
 
     assert len(ic.compile_file(str(out), extra_args=device_flags(arch) + flags)) > 10000
-    out, _ = splice.splice_file(src, tmp_path / "p.mlirbc", arch,
-                                {"gemm": functools.partial(splice.splice_gemm, min_weight_bytes=0, epilogues=False)})
-    assert [g.get("epilogue") for g in splice.last_report()["gemm"]] == [None, None]
-    text = str(splice.load(out))
-    assert "torch.aten.silu" in text and "torch.aten.add.Tensor" in text
-
-
-@pytest.mark.parametrize("alpha,leak", [(2, False), (1, True)])
-def test_splice_epilogue_needs_the_exact_pattern(tmp_path, alpha, leak):
-    """An add with alpha != 1, or a silu(gate) used elsewhere too, keeps the plain dispatch for that op."""
-    pytest.importorskip("iree.compiler")
-    from dflash_iree.export import splice
-
-    src = tmp_path / "m.mlir"
-    src.write_text(_mlp_module(16, 256, 512, alpha=alpha, leak=leak))
-    splice.splice_file(src, tmp_path / "s.mlirbc", "sm_80",
-                       {"gemm": functools.partial(splice.splice_gemm, min_weight_bytes=0)})
-    got = [g.get("epilogue") for g in splice.last_report()["gemm"]]
-    assert got == ([None, "swiglu"] if alpha != 1 else ["residual", None])
+    _, _, report = _lower(src, tmp_path, arch, epilogues=False)
+    assert "gemm" not in report and report["iree"]["gemm"] == {"epilogues off": 3}
 
 
 def test_entry_points_stay_apart_in_one_module():
     """Dispatches of one object with the same layout and grid but different entry points (1 and 2
     m-tiles; the residual and swiglu epilogues) keep an executable each: iree-compile would
-    otherwise merge them and launch one kernel for both (kernels/gemm.py entry_attribute)."""
+    otherwise merge them and launch one kernel for both (kernels/hal.py entry_attribute)."""
     ic = pytest.importorskip("iree.compiler")
     from dflash_iree.kernels.topk import device_flags
 
@@ -441,3 +336,16 @@ util.func public @f(%x: {x[16]}, %xb: {x[32]}, %w: {w}, %x2: {x2}, %w2: {w2}, %r
 """
         hal = ic.compile_str(text, extra_args=device_flags(arch) + ds[0].flags + ["--compile-to=hal"]).decode()
         assert re.findall(r"hal\.executable private @(\w+)", hal) == ["a_mm", "b_mm", "c_mm", "d_mm"], arch
+
+
+def test_to_iree_gives_every_linear_its_reference(tmp_path):
+    """splice.to_iree (the benches' build without a kernel): the named ops become their references."""
+    pytest.importorskip("iree.compiler")
+    from dflash_iree.export import splice
+
+    src = _export_linears(tmp_path, 16, "project", Ns=(128, 64))
+    lower = splice.to_iree(splice.LINEAR_OP, splice.LINEAR_RESIDUAL_OP, splice.LINEAR_SWIGLU_OP)
+    out, flags, report = splice.splice_file(src, tmp_path / "s.mlirbc", "sm_80", {"gemm": lower})
+    text = str(splice.load(out))
+    assert flags == [] and report["iree"] == {"gemm": {"to_iree": 1}}
+    assert "torch.operator" not in text and text.count("torch.aten.linear") == 2

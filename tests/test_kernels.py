@@ -13,7 +13,7 @@ import pytest
 
 from dflash_iree.errors import DFlashError
 from dflash_iree.kernels import build, isa
-from dflash_iree.kernels.reference import make_logits, reference, score
+from dflash_iree.kernels.topk.reference import make_logits, reference, score
 from dflash_iree.kernels.topk import ARCHS, OBJECTS_DIR, device_flags, standalone_module, topk_dispatch
 
 ic = pytest.importorskip("iree.compiler")

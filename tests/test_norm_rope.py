@@ -1,4 +1,4 @@
-"""The head norm + rope dispatch (kernels/norm_rope_*): objects, MLIR, refusals, the custom op of the
+"""The head norm + rope dispatch (kernels/norm_rope/): objects, MLIR, refusals, the custom op of the
 export and its splice. The kernel runs only on a GPU: its bit parity with the eager ops is
 bench/norm_rope_check.py on the H200 (experiments/2026-11-30-norm-rope/)."""
 
@@ -8,6 +8,7 @@ import pytest
 
 from dflash_iree.errors import DFlashError
 from dflash_iree.kernels.isa import NORM_ROPE_KERNELS, inspect_object
+NORM_ROPE_OP = "torch.dflash.head_norm_rope"  # export/ops.py NORM_ROPE_OP (no torch import here)
 from dflash_iree.kernels.norm_rope import ARCHS, norm_rope_dispatch, object_file, standalone_module
 
 H, HD = 4, 16
@@ -116,6 +117,23 @@ def test_eager_forms_agree():
     assert torch.equal(head_norm_rope(x, m.norm.weight, cos, sin, m.norm.eps), want)
 
 
+def test_eager_op_variants():
+    """The op's parameters for the coming families: a zero-centred (1 + w) norm, and a partial rotary
+    (the first rotary_dim dims of a head rotate, the rest pass through)."""
+    torch = pytest.importorskip("torch")
+    from dflash_iree.export.ops import head_norm_rope
+    from dflash_iree.export.qwen3 import apply_rope, rms_norm
+
+    x, cos, sin = _inputs()
+    w = torch.randn(HD)
+    assert torch.equal(head_norm_rope(x, w, cos, sin, 1e-6, True, 0), apply_rope(rms_norm(x, 1 + w, 1e-6), cos, sin))
+    half = HD // 2
+    y = head_norm_rope(x, w, cos[..., :half], sin[..., :half], 1e-6, False, half)
+    normed = rms_norm(x, w, 1e-6)
+    assert torch.equal(y[..., half:], normed[..., half:])
+    assert torch.equal(y[..., :half], apply_rope(normed[..., :half], cos[..., :half], sin[..., :half]))
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     """The module exported in each form, with a dynamic token count."""
@@ -132,7 +150,6 @@ def exported(tmp_path_factory):
 
 
 def test_only_the_gpu_form_exports_the_op(exported):
-    from dflash_iree.export.splice import NORM_ROPE_OP
 
     assert NORM_ROPE_OP in exported["fused"].read_text() and NORM_ROPE_OP not in exported["matmul"].read_text()
 
@@ -142,11 +159,11 @@ def test_splice_takes_the_op(exported, tmp_path):
     from dflash_iree.export import splice
     from dflash_iree.export.compile import compile_flags, resolve_arch
 
-    out, flags = splice.splice_file(exported["fused"], tmp_path / "s.mlirbc", "sm_80",
-                                    {"norm_rope": splice.splice_norm_rope})
+    out, flags, report = splice.splice_file(exported["fused"], tmp_path / "s.mlirbc", "sm_80",
+                                            {"norm_rope": splice.lower_norm_rope})
     text = str(splice.load(out))
-    assert splice.NORM_ROPE_OP not in text and text.count("util.call @dflash_norm_rope_1xDx4x16_f32_358637bd") == 1
-    assert splice.last_report() == {"norm_rope": [{"S": 1, "T": None, "H": H, "head_dim": HD, "dtype": "f32", "ops": 1}]}
+    assert NORM_ROPE_OP not in text and text.count("util.call @dflash_norm_rope_1xDx4x16_f32_358637bd") == 1
+    assert report["norm_rope"] == [{"S": 1, "T": None, "H": H, "head_dim": HD, "dtype": "f32", "ops": 1}]
     extra = [f for f in compile_flags(resolve_arch("sm_80")[0]) if "opt-level" not in f]
     assert len(ic.compile_file(str(out), extra_args=extra + flags)) > 10000
 
@@ -169,10 +186,10 @@ def test_splice_pairs_q_and_k(tmp_path, case):
     dynamic = {n: {1: T} for n in ("q", "k", "cos", "sin")} if T else None
     aot.export(_pair_module(use_q_first), args=(x, x[:, :, :2].clone(), cos, sin),
                dynamic_shapes=dynamic).save_mlir(tmp_path / "m.mlir")
-    out, flags = splice.splice_file(tmp_path / "m.mlir", tmp_path / "s.mlirbc", "sm_80",
-                                    {"norm_rope": splice.splice_norm_rope})
+    out, flags, report = splice.splice_file(tmp_path / "m.mlir", tmp_path / "s.mlirbc", "sm_80",
+                                            {"norm_rope": splice.lower_norm_rope})
     text = str(splice.load(out))
-    report = splice.last_report()["norm_rope"]
+    report = report["norm_rope"]
     if use_q_first:
         assert "dflash_norm_rope2" not in text and sorted(r["H"] for r in report) == [2, H]
     else:
@@ -190,7 +207,7 @@ def test_splice_refuses_the_host(exported, tmp_path):
     from dflash_iree.export import splice
 
     with pytest.raises(DFlashError, match="no head norm \\+ rope kernel for arch 'host'"):
-        splice.splice_file(exported["fused"], tmp_path / "s.mlirbc", "host", {"norm_rope": splice.splice_norm_rope})
+        splice.splice_file(exported["fused"], tmp_path / "s.mlirbc", "host", {"norm_rope": splice.lower_norm_rope})
 
 
 def test_a_custom_op_left_unspliced_is_refused(exported, tmp_path):
@@ -200,7 +217,7 @@ def test_a_custom_op_left_unspliced_is_refused(exported, tmp_path):
     from dflash_iree.export import splice
 
     with pytest.raises(DFlashError, match="torch.dflash.head_norm_rope left in the module"):
-        splice.splice_file(exported["fused"], tmp_path / "s.mlirbc", "sm_80", {"topk": splice.splice_topk})
+        splice.splice_file(exported["fused"], tmp_path / "s.mlirbc", "sm_80", {"topk": splice.lower_topk})
 
 
 def test_the_fused_form_is_refused_for_the_host(target_dir, drafter_dir, tmp_path):
@@ -208,3 +225,19 @@ def test_the_fused_form_is_refused_for_the_host(target_dir, drafter_dir, tmp_pat
 
     with pytest.raises(DFlashError, match="attention form 'fused'.*not host"):
         compile_artifacts("host", target_dir, drafter_dir, tmp_path / "out", attention="fused")
+
+
+def test_numpy_reference_matches_the_eager_ops():
+    """kernels/norm_rope/reference.py against export/qwen3.py's rms_norm + apply_rope on float64 inputs
+    (rms_norm normalizes in float32, as HF's Qwen3RMSNorm: hence float32's tolerance)."""
+    import numpy as np
+    import torch
+
+    from dflash_iree.export.qwen3 import apply_rope, rms_norm
+    from dflash_iree.kernels.norm_rope.reference import norm_rope
+
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((1, 3, 4, 16)), rng.standard_normal(16)
+    cos, sin = rng.standard_normal((1, 3, 16)), rng.standard_normal((1, 3, 16))
+    want = apply_rope(rms_norm(torch.from_numpy(x), torch.from_numpy(w), 1e-6), torch.from_numpy(cos), torch.from_numpy(sin))
+    np.testing.assert_allclose(norm_rope(x, w, cos, sin, 1e-6), want.numpy(), rtol=1e-6, atol=1e-6)

@@ -22,7 +22,8 @@ from dflash_iree.acceptance import accept_length
 from dflash_iree.errors import DFlashError
 from dflash_iree.export.load import load_pair
 from dflash_iree.export.reference import generate_plain
-from dflash_iree.kernels.reference import score
+from dflash_iree.kernels.topk.reference import score
+from dflash_iree.manifest import Manifest
 from dflash_iree.runtime.artifacts import Artifacts
 from dflash_iree.runtime.engine import Engine, GenerateOptions, Seams
 from dflash_iree.runtime.module import Staging
@@ -150,7 +151,7 @@ def test_draft_top_k_leaves_decoding_unchanged(engine, name):
 
 def test_draft_top_k_equals_eager_drafter(engine, eager):
     """First round of a sampled request (T = 0.7): the compiled top-K against the eager drafter's
-    top_k at the request temperature; ids exact (ties only by kernels/reference.py), log-probs 1e-4."""
+    top_k at the request temperature; ids exact (ties only by kernels/topk/reference.py), log-probs 1e-4."""
     target, drafter = eager
     prompt = PROMPTS[1]
     gen = engine.generate(prompt, 3, temperature=0.7, seed=4, draft_top_k=8)
@@ -301,10 +302,33 @@ def test_stop_token_ids(engine):
 def test_arch_device_mismatch_refused(host_artifacts, tmp_path):
     arts = shutil.copytree(host_artifacts, tmp_path / "sm89")
     m = json.loads((arts / "manifest.json").read_text())
-    m["arch"] = "sm_89"
+    m["arch"], m["driver"] = "sm_89", "cuda"
     (arts / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(DFlashError, match="compiled for sm_89, which runs on the 'cuda' driver, not on 'hip'"):
         Engine.load(arts, device="hip")
+    m["arch"], m["driver"] = "host", "hip"  # the driver is the manifest's, not worked out from the arch
+    (arts / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(DFlashError, match="compiled for host, which runs on the 'hip' driver, not on 'local-task'"):
+        Engine.load(arts, device="local-task")
+
+
+def test_old_manifests_are_refused_with_the_fix(host_artifacts, tmp_path):
+    """A manifest of another format_version, or one missing a field, is refused naming the fix
+    (recompile), not read key by key until something breaks."""
+    arts = shutil.copytree(host_artifacts, tmp_path / "old")
+    good = json.loads((arts / "manifest.json").read_text())
+    fix = r"recompile with dflash-iree compile --arch host --target DIR --drafter DIR --out .*old"
+    for change, match in (({"format_version": 1}, r"format_version 1 is not 2"),
+                          ({"driver": "vulkan"}, r"driver 'vulkan' is not one of local-task, cuda, hip")):
+        (arts / "manifest.json").write_text(json.dumps({**good, **change}))
+        with pytest.raises(DFlashError, match=match + ".*" + fix):
+            Artifacts.load(arts)
+    (arts / "manifest.json").write_text(json.dumps({k: v for k, v in good.items() if k not in ("driver", "kv_page")}))
+    with pytest.raises(DFlashError, match=r"manifest\.json has no driver, kv_page \(written by an older dflash-iree\); " + fix):
+        Artifacts.load(arts)
+    (arts / "manifest.json").write_text("{not json")
+    with pytest.raises(DFlashError, match=r"is not valid JSON"):
+        Artifacts.load(arts)
 
 
 def test_checkpoints_found_after_moving_with_the_artifacts(engine, host_artifacts, target_dir, drafter_dir, tmp_path):
@@ -327,7 +351,7 @@ def test_checkpoints_found_after_moving_with_the_artifacts(engine, host_artifact
 
     old = {**m, "target": {**m["target"], "folder": str(target_dir)}}
     del old["target"]["folder_relative"]
-    assert Artifacts(moved, old).checkpoint_folder("target") == Path(target_dir)
+    assert Artifacts(moved, Manifest.from_json(old)).checkpoint_folder("target") == Path(target_dir)
 
     shutil.rmtree(tmp_path / target_dir.relative_to(common))
     with pytest.raises(DFlashError, match=r"the target checkpoint recorded in .*manifest\.json does not exist "

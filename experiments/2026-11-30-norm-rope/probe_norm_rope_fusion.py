@@ -5,7 +5,7 @@
 The probe is a q projection (4096 -> 32 heads x 128, bf16) viewed as heads, export/qwen3.py's
 `rms_norm` and `apply_rope`, exported with iree-turbine and compiled with the GPU flags of
 `make compile` plus each of IREE's dispatch-creation / global-optimization fusion switches. It is
-what motivated kernels/norm_rope_*: after the matvec the norm + rope takes five dispatches, four with
+what motivated kernels/norm_rope/: after the matvec the norm + rope takes five dispatches, four with
 `--iree-dispatch-creation-enable-early-trunc-fusion`, five with every other switch
 (probe_norm_rope_fusion_sm_80.txt beside it; docs/architecture.md, "Head norm + rope").
 """

@@ -40,11 +40,13 @@ ARMS = ("plain", "two_calls", "fused")
 
 
 def _variants() -> dict:
-    from dflash_iree.export.splice import SPLICES, splice_gemm, splice_norm_rope, splice_topk
+    from dflash_iree.export.splice import LOWERINGS, LINEAR_OP, LINEAR_RESIDUAL_OP, LINEAR_SWIGLU_OP, to_iree
+    from dflash_iree.export.splice import ATTENTION_OP, lower_linear
 
-    keep = {"topk": splice_topk, "norm_rope": splice_norm_rope}  # the custom ops must be replaced
-    return {"gemm": {**keep, "gemm": functools.partial(splice_gemm, min_weight_bytes=0)},
-            "gemm4m": SPLICES,
+    # the named ops must all be lowered: "none" gives the linears and the attention to IREE
+    keep = {**LOWERINGS, "gemm": to_iree(LINEAR_OP, LINEAR_RESIDUAL_OP, LINEAR_SWIGLU_OP), "attention": to_iree(ATTENTION_OP)}
+    return {"gemm": {**keep, "gemm": functools.partial(lower_linear, min_weight_bytes=0)},
+            "gemm4m": LOWERINGS,
             "none": keep}
 
 
@@ -132,8 +134,8 @@ def run(device: str, out: str, arch: str, variants: list[str], n_prompts: int, m
                "speedup_fused": round(med["fused"] / med["plain"], 3),
                "same_as_exact_plain": {a: f"{c}/{len(prompts)}" for a, c in same.items()},
                "tau_mean": round(sum(a + 1 for a in accepted) / max(1, len(accepted)), 3), "redrafts": redrafts,
-               "step_ms": _step_ms(engine), "dispatches_per_call": m["stats"]["dispatches_per_call"],
-               "gemm_spliced": sum(g.get("mms", g["ops"]) for g in m.get("splices", {}).get("gemm", []))}
+               "step_ms": _step_ms(engine), "dispatches_per_call": m.stats["dispatches_per_call"],
+               "gemm_spliced": sum(g.get("mms", g["ops"]) for g in m.splices.get("gemm", []))}
         result["variants"][v] = res
         print(f"{v}: {res}", flush=True)
         del engine

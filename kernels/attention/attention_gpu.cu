@@ -9,7 +9,7 @@
  *       grid (chunks = ceil(N / 64), Hkv * RG, S) with RG = ceil(R / 16); 256 threads;
  *       cnt is zero on entry and left zero; part is scratch.
  */
-#include "gpu.h"
+#include "../gpu.h"
 #include "attention_body.h"
 
 extern "C" __global__ void KG_LAUNCH(AT_T)

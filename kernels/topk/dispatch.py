@@ -12,18 +12,19 @@ No IREE import here: this module only writes text.
 from __future__ import annotations
 
 import math
-import platform
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dflash_iree.arch import kernel_archs
 from dflash_iree.errors import DFlashError
-from .gemm import executable_head
+
+from ..hal import (OBJECTS_DIR, device_flags, executable_head, executable_target, host_object_arch,  # noqa: F401
+                   pipeline_layout, search_flags)
 
 MAX_K = 64
-OBJECTS_DIR = Path(__file__).resolve().parent / "objects"
 
-CUDA_ARCHS = ("sm_80", "sm_86", "sm_89")
-HIP_ARCHS = ("gfx1030", "gfx1100", "gfx1151", "gfx1201")
+CUDA_ARCHS = kernel_archs("topk", "cuda")
+HIP_ARCHS = kernel_archs("topk", "hip")
 ARCHS = ("host",) + CUDA_ARCHS + HIP_ARCHS
 
 # Threads x elements per round of one workgroup, as compiled into the objects (DK_T * DK_U in
@@ -73,16 +74,6 @@ class TopKDispatch:
         return f"{self.name}_into"
 
 
-def host_object_arch() -> str:
-    """The embedded-ELF architecture of this machine ('x86_64' or 'arm_64'), as IREE names it."""
-    m = platform.machine().lower()
-    if m in ("x86_64", "amd64"):
-        return "x86_64"
-    if m in ("aarch64", "arm64"):
-        return "arm_64"
-    raise DFlashError(f"the top-K kernel has no host object for machine '{m}' (x86_64 and aarch64 only)")
-
-
 def object_file(arch: str) -> Path:
     """Committed object for ARCH: PTX for sm_*, a code object for gfx*, an ELF .o for host."""
     if arch in CUDA_ARCHS:
@@ -114,19 +105,6 @@ def plan_chunks(V: int, K: int, arch: str) -> tuple[int, int]:
     return math.ceil(V / length), length
 
 
-def _target(arch: str) -> str:
-    if arch in CUDA_ARCHS:
-        return '#hal.executable.target<"cuda", "cuda-nvptx-fb">'
-    if arch in HIP_ARCHS:
-        return '#hal.executable.target<"rocm", "rocm-hsaco-fb">'
-    return f'#hal.executable.target<"llvm-cpu", "embedded-elf-{host_object_arch()}">'
-
-
-def _layout(constants: int, bindings: int) -> str:
-    b = ["#hal.pipeline.binding<storage_buffer, ReadOnly>"] + ["#hal.pipeline.binding<storage_buffer>"] * (bindings - 1)
-    return f"#hal.pipeline.layout<constants = {constants}, bindings = [{', '.join(b)}]>"
-
-
 def _cpu_shim(entry: str, layout: str, bindings: list[str], constants: int, wg_dims: int) -> str:
     """A workgroup function that passes raw buffer addresses, constants and workgroup ids to C."""
     lines = ["  builtin.module {",
@@ -155,7 +133,7 @@ def _cpu_shim(entry: str, layout: str, bindings: list[str], constants: int, wg_d
 
 def _executable(sym: str, entry: str, arch: str, obj: str, layout: str, workload: int,
                 bindings: list[str], constants: int) -> str:
-    head = executable_head(sym, entry, _target(arch), obj, layout, workload)
+    head = executable_head(sym, entry, executable_target(arch), obj, layout, workload)
     if arch == "host":
         return head + "\n" + _cpu_shim(entry, layout, bindings, constants, workload) + "\n}\n"
     return head + f" <workgroup_size = [{_GPU_WORKGROUP} : index, 1 : index, 1 : index]>\n}}\n"
@@ -177,7 +155,7 @@ def topk_dispatch(n: int, V: int, K: int, arch: str, *, name: str = "dflash_topk
         raise DFlashError(f"{obj} is missing: run `make kernels` to build the top-K objects")
     C, L = plan_chunks(V, K, arch)
     R = 2 * K + 2
-    lp, lm = _layout(5, 2), _layout(3, 3)
+    lp, lm = pipeline_layout(5, 1, 2), pipeline_layout(3, 1, 3)
     ex_p = _executable(f"{name}_partial", "dflash_topk_partial", arch, obj.name, lp, 2,
                        [f"{n * V}xf32", f"{n * C * R}xi32"], 5)
     ex_m = _executable(f"{name}_merge", "dflash_topk_merge", arch, obj.name, lm, 1,
@@ -208,19 +186,7 @@ util.func private @{name}(%logits: {in_t}, %t: f32) -> ({ids_t}, {lp_t}) {{
 }}
 """
     return TopKDispatch(n=n, V=V, K=K, arch=arch, name=name, chunks=C, chunk_len=L, dtype=dtype, mlir=ex_p + ex_m + funcs,
-                        flags=[f"--iree-hal-executable-object-search-path={OBJECTS_DIR}"], objects=[obj])
-
-
-def device_flags(arch: str) -> list[str]:
-    """iree-compile flags that select ARCH's device (what standalone modules and benchmarks use)."""
-    if arch in CUDA_ARCHS:
-        return ["--iree-hal-target-device=cuda", f"--iree-cuda-target={arch}"]
-    if arch in HIP_ARCHS:
-        return ["--iree-hal-target-device=hip", f"--iree-rocm-target={arch}"]
-    if arch == "host":
-        return ["--iree-hal-target-device=local", "--iree-hal-local-target-device-backends=llvm-cpu",
-                "--iree-llvmcpu-target-cpu=host"]
-    raise DFlashError(f"unknown arch '{arch}' for the top-K kernel; known: {', '.join(ARCHS)}")
+                        flags=search_flags(), objects=[obj])
 
 
 def standalone_module(d: TopKDispatch) -> str:

@@ -21,15 +21,16 @@ No IREE import here: this module only writes text.
 from __future__ import annotations
 
 import math
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dflash_iree.arch import kernel_archs
 from dflash_iree.errors import DFlashError
 
-from .gemm import CUDA_ARCHS, OBJECTS_DIR, executable_source, gpu_object, pipeline_layout
+from ..hal import OBJECTS_DIR, executable_source, f32_bits, gpu_object, pipeline_layout, search_flags  # noqa: F401
 
-HIP_ARCHS = ("gfx1030", "gfx1100", "gfx1151", "gfx1201")  # no matrix instructions needed: gfx1030 too
+CUDA_ARCHS = kernel_archs("attention", "cuda")
+HIP_ARCHS = kernel_archs("attention", "hip")  # no matrix instructions needed: gfx1030 too
 ARCHS = CUDA_ARCHS + HIP_ARCHS
 THREADS = 256  # attention_body.h AT_T
 ROWS_PER_WORKGROUP = 16  # attention_body.h AT_RW
@@ -71,11 +72,6 @@ class AttentionDispatch:
     def row_groups(self) -> int:
         """Workgroups per KV head and stream along the query rows (16 rows each)."""
         return math.ceil(self.R / ROWS_PER_WORKGROUP)
-
-
-def f32_bits(x: float, signed: bool = False) -> int:
-    """The bits of x rounded to float32, as an unsigned (or, for an i32 push constant, signed) int."""
-    return struct.unpack("<i" if signed else "<I", struct.pack("<f", x))[0]
 
 
 def object_file(arch: str) -> Path:
@@ -143,7 +139,7 @@ def attention_dispatch(S: int, Hkv: int, R: int, D: int, L: int, C: int, arch: s
              f"    util.global.store %r#0, @{name}_cnt : {n_t}\n"
              f"    util.return %r#1 : {o_t}\n}}\n")
     return AttentionDispatch(S=S, Hkv=Hkv, R=R, D=D, L=L, C=C, arch=arch, name=name, scale=scale, mlir=text, g=g,
-                             flags=[f"--iree-hal-executable-object-search-path={OBJECTS_DIR}"], objects=[obj])
+                             flags=search_flags(), objects=[obj])
 
 
 def standalone_module(d: AttentionDispatch) -> str:

@@ -10,7 +10,7 @@
  *   dflash_topk_merge(partial, ids i32[n*K], logprobs f32[n*K], K, C, inv_t bits)
  *       grid (n, 1, 1)
  */
-#include "gpu.h"
+#include "../gpu.h"
 #define DK_TID() KG_TID()
 #define DK_WG_X() KG_WG_X()
 #define DK_WG_Y() KG_WG_Y()

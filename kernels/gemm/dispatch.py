@@ -25,11 +25,14 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dflash_iree.arch import kernel_archs
 from dflash_iree.errors import DFlashError
 
-OBJECTS_DIR = Path(__file__).resolve().parent / "objects"
-CUDA_ARCHS = ("sm_80", "sm_86", "sm_89")
-HIP_ARCHS = ("gfx1100", "gfx1151", "gfx1201")
+from ..hal import (OBJECTS_DIR, entry_attribute, executable_head, executable_source, executable_target,  # noqa: F401
+                   gpu_object, pipeline_layout, search_flags)
+
+CUDA_ARCHS = kernel_archs("gemm", "cuda")
+HIP_ARCHS = kernel_archs("gemm", "hip")
 ARCHS = CUDA_ARCHS + HIP_ARCHS
 MAX_M = 64
 MAX_WEIGHTS = 3  # weights of one x in one dispatch (q, k, v)
@@ -47,7 +50,7 @@ EPILOGUES = ("residual", "swiglu")
 # fewer workgroups take the blocks in turn: on the H200 the fused gate+up (768 blocks, M = 16) ran
 # 69.0 us in 768 workgroups and 63.0 us in 384 that take two blocks each. With k splits, halving the
 # splits is the better way to fewer workgroups (4096x4096: 2 splits 18.3 us against 4 splits taking
-# 2 blocks each 24.5), so the loop is only planned for one split (bench/results/gemm_h200_variants.json).
+# 2 blocks each 24.5), so the loop is only planned for one split (experiments/2026-11-30-grouped-gemm/).
 _CUDA = {"threads": 128, "bn": 32, "chunk": 32, "per_unit": 2.9, "block_loop": True, "resident": 4}
 _HIP = {"threads": 128, "bn": 128, "chunk": 16, "per_unit": 2, "block_loop": False}
 _MAX_PASSES = 4
@@ -215,57 +218,6 @@ def gemm_plan(N, K: int, arch: str, splits: int | None = None, paired: bool = Fa
                     paired=paired)
 
 
-def executable_target(arch: str) -> str:
-    """The generic executable target of ARCH's backend that the objects are keyed by."""
-    if arch in CUDA_ARCHS:
-        return '#hal.executable.target<"cuda", "cuda-nvptx-fb">'
-    return '#hal.executable.target<"rocm", "rocm-hsaco-fb">'
-
-
-def gpu_object(kernel: str, arch: str, archs: tuple[str, ...], what: str) -> Path:
-    """Committed object of KERNEL (its file prefix) for ARCH: PTX for sm_*, a code object for gfx*.
-    Raises DFlashError, naming WHAT, for an arch outside ARCHS."""
-    if arch not in archs:
-        raise DFlashError(f"no {what} kernel for arch '{arch}'; GPU archs only: {', '.join(archs)}")
-    return OBJECTS_DIR / (f"{kernel}_{arch}.ptx" if arch in CUDA_ARCHS else f"{kernel}_{arch}.co")
-
-
-def pipeline_layout(constants: int, read_only: int, bindings: int) -> str:
-    """A `#hal.pipeline.layout`: CONSTANTS push constants, BINDINGS buffers of which the first READ_ONLY are read-only."""
-    b = (["#hal.pipeline.binding<storage_buffer, ReadOnly>"] * read_only
-         + ["#hal.pipeline.binding<storage_buffer>"] * (bindings - read_only))
-    return f"#hal.pipeline.layout<constants = {constants}, bindings = [{', '.join(b)}]>"
-
-
-def entry_attribute(entry: str) -> str:
-    """The attributes that keep an executable of ENTRY apart from those of the object's other entry
-    points: iree-compile deduplicates executables that differ only in their export's name (it takes
-    it for a symbol), so two dispatches of one object with the same layout and workgroup count,
-    e.g. `dflash_gemm_mt1` and `dflash_gemm_mt2`, would otherwise both launch one of them."""
-    return f'attributes {{dflash.entry = "{entry}"}}'
-
-
-def executable_head(sym: str, entry: str, target: str, obj: str, layout: str, workload: int) -> str:
-    """The start of a `hal.executable.source` @SYM for TARGET (an executable target attribute) that
-    exports ENTRY of object OBJ, whose workgroup count is its first WORKLOAD workload values (the
-    rest 1): up to the export's count region, which the caller follows with the export's properties
-    (a GPU's workgroup size) or a CPU body, then closes with "}"."""
-    wl = "".join(f", %w{i}: index" for i in range(workload))
-    count = ", ".join([f"%w{i}" for i in range(workload)] + ["%c1"] * (3 - workload))
-    return (f"hal.executable.source private @{sym} <objects = <{{{target} = "
-            f"[#hal.executable.object<{{path = \"{obj}\"}}>]}}>> {entry_attribute(entry)} {{\n"
-            f"  hal.executable.export public @{entry} ordinal(0) layout({layout})"
-            f" count(%device: !hal.device{wl}) -> (index, index, index) {{\n"
-            f"    %c1 = arith.constant 1 : index\n    hal.return {count} : index, index, index\n  }}")
-
-
-def executable_source(sym: str, entry: str, arch: str, obj: str, layout: str, threads: int, workload: int) -> str:
-    """A `hal.executable.source` @SYM exporting ENTRY of object OBJ on GPU ARCH, THREADS threads a
-    workgroup, whose workgroup count is its first WORKLOAD workload values (the rest 1)."""
-    return (executable_head(sym, entry, executable_target(arch), obj, layout, workload)
-            + f" <workgroup_size = [{threads} : index, 1 : index, 1 : index]>\n}}\n")
-
-
 def gemm_dispatch(M: int, N, K: int, arch: str, *, name: str = "dflash_gemm",
                   splits: int | None = None, epilogue: str | None = None,
                   out_shape: tuple[int, ...] | None = None) -> GemmDispatch:
@@ -281,7 +233,7 @@ def gemm_dispatch(M: int, N, K: int, arch: str, *, name: str = "dflash_gemm",
     the result [M, N]); "swiglu" (N = (n, n), gate then up: `@{name}(%x, %w0, %w1) ->
     bf16(bf16(silu(g)) * u)` with g, u the two products rounded to bf16, [M, n]). out_shape: the
     epilogue's r and result shape (default (M, N); any shape of M * N elements, e.g. the model's
-    [1, M, N]). kernels/gemm_body.h, "Epilogues", has the roundings.
+    [1, M, N]). kernels/gemm/gemm_body.h, "Epilogues", has the roundings.
 
     Raises:
         DFlashError: a shape or arch the kernel does not take, an unknown epilogue or one whose
@@ -343,7 +295,7 @@ def gemm_dispatch(M: int, N, K: int, arch: str, *, name: str = "dflash_gemm",
              f"    util.global.store %r#0, @{name}_cnt : {c_t}\n"
              f"    util.return {', '.join(f'%r#{g + 1}' for g in range(len(y_t)))} : {', '.join(y_t)}\n}}\n")
     return GemmDispatch(M=M, Ns=Ns, K=K, arch=arch, name=name, plan=plan, mlir=text,
-                        flags=[f"--iree-hal-executable-object-search-path={OBJECTS_DIR}"], objects=[obj],
+                        flags=search_flags(), objects=[obj],
                         epilogue=epilogue)
 
 

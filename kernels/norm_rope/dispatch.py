@@ -23,12 +23,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from dflash_iree.arch import kernel_archs
 from dflash_iree.errors import DFlashError
 
-from .attention import HIP_ARCHS, f32_bits
-from .gemm import CUDA_ARCHS, OBJECTS_DIR, executable_source, gpu_object, pipeline_layout
+from ..hal import OBJECTS_DIR, executable_source, f32_bits, gpu_object, pipeline_layout, search_flags  # noqa: F401
 
-ARCHS = CUDA_ARCHS + HIP_ARCHS  # scalar math: every GPU arch, gfx1030 included
+ARCHS = kernel_archs("norm_rope")  # scalar math: every GPU arch, gfx1030 included
 THREADS = 64  # norm_rope_body.h NR_T
 DTYPES = {"f32": 0, "bf16": 1, "f16": 2}  # norm_rope_body.h NR_F32, NR_BF16, NR_F16
 
@@ -107,7 +107,7 @@ def norm_rope_dispatch(S: int, T: int | None, H: int, D: int, dtype: str, eps: f
     if not obj.is_file():
         raise DFlashError(f"{obj} is missing: run `make kernels` to build the kernel objects")
     d = NormRopeDispatch(S=S, T=T, H=H, D=D, dtype=dtype, eps=eps, arch=arch, name=name, mlir="",
-                         flags=[f"--iree-hal-executable-object-search-path={OBJECTS_DIR}"], objects=[obj], Hk=Hk)
+                         flags=search_flags(), objects=[obj], Hk=Hk)
     heads = H + (Hk or 0)
     dyn = "{%t}" if T is None else ""
     consts = {"H": H, **({} if Hk is None else {"Hk": Hk}), "D": D, "dt": DTYPES[dtype],

@@ -3,8 +3,8 @@
 Building needs the IREE compiler (the `compile` extra); running needs only the runtime and NumPy,
 so a machine without the compiler runs modules built elsewhere:
 
-    python -m dflash_iree.kernels.check --arch sm_80 --build-only --modules DIR   # here
-    python -m kernels.check --device cuda --no-build --modules DIR --json out.json # there (PYTHONPATH=repo)
+    python -m dflash_iree.kernels.topk.check --arch sm_80 --build-only --modules DIR   # here
+    python -m kernels.topk.check --device cuda --no-build --modules DIR --json out.json # there (PYTHONPATH=repo)
 
 gfx targets cannot be run here: `--arch gfxNNNN --build-only` compiles every case's module and
 inspects the code object (ISA present, no scratch, no spills).
@@ -39,8 +39,8 @@ def build_modules(arch: str, outdir: Path) -> list[Path]:
         raise DFlashError("topk-check builds its modules with the IREE compiler: install the compile extra "
                           "(pip install 'dflash-iree[compile]'), or run prebuilt ones with --no-build --modules DIR") from None
 
-    from .isa import inspect_object
-    from .topk import device_flags, standalone_module, topk_dispatch
+    from ..isa import inspect_object
+    from .dispatch import device_flags, standalone_module, topk_dispatch
 
     outdir.mkdir(parents=True, exist_ok=True)
     out = []
@@ -64,7 +64,7 @@ def contract_row() -> dict:
     """K=65 must be refused by the compile-side API with an error that says why."""
     from dflash_iree.errors import DFlashError
 
-    from .topk import topk_dispatch
+    from .dispatch import topk_dispatch
 
     try:
         topk_dispatch(1, 151936, CONTRACT_K, "host")
@@ -117,7 +117,7 @@ def format_rows(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point shared by `dflash-iree topk-check` and `python -m ...kernels.check`; exit status 1 on any failure."""
+    """Entry point shared by `dflash-iree topk-check` and `python -m ...kernels.topk.check`; exit status 1 on any failure."""
     p = argparse.ArgumentParser(prog="topk-check", description=__doc__.splitlines()[0])
     add_arguments(p)
     return run(p.parse_args(argv))

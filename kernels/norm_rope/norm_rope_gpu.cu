@@ -10,7 +10,7 @@
  *       q and k of one layer (one position table) in one grid (rows * (Hq + Hk), 1, 1): the first
  *       rows * Hq workgroups take q's heads, the rest k's; each head as dflash_norm_rope computes it.
  */
-#include "gpu.h"
+#include "../gpu.h"
 #include "norm_rope_body.h"
 
 extern "C" __global__ void KG_LAUNCH(NR_T)

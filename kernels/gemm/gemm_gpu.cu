@@ -21,7 +21,7 @@
  *   dflash_gemm_reduce(part f32[S*M*N], y bf16[M*N], M*N, S)                  grid (ceil(M*N/1024), 1, 1)
  * One workgroup is GM_WARPS * 32 threads (128 on both).
  */
-#include "gpu.h"
+#include "../gpu.h"
 #define GM_SHARED KG_SHARED
 #define GM_FN KG_FN
 #define GM_TID() KG_TID()
@@ -38,7 +38,7 @@
  * k + 8t + {0..3} then k + 8t + {4..7} into the k slots {2t, 2t+1, 2t+8, 2t+9} of every lane t:
  * a fixed permutation of the chunk's 32 k-values, the same for A and B. */
 /* 4 warps of one 8-column tile each, 8 chunks (4 KiB of W per warp) in flight per round, up to 4
- * workgroups per SM (<= 128 registers): the best of the variants measured on the H200 (docs/performance.md). */
+ * workgroups per SM (<= 128 registers): the best of the variants measured on the H200 (docs/architecture.md). */
 #ifndef GM_WARPS
 #define GM_WARPS 4
 #endif

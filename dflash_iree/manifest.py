@@ -1,0 +1,154 @@
+"""The artifact manifest (`compiled/ARCH/manifest.json`) as one typed record, and the dtype names.
+
+`dflash-iree compile` (export/compile.py) fills a `Manifest` and writes `to_json()`; the runtime
+(runtime/artifacts.py) reads it back with `Manifest.load`, which refuses, naming the fix, a manifest
+of another format version or one missing a field (every format-2 compile writes them all; the one
+optional entry is a checkpoint's `folder_relative`, absent where no relative path exists). The
+JSON keys, their order and their meaning are README.md's "manifest.json". Torch-free.
+
+DTYPES is the one table of dtype names: the short names used in manifests, checkpoint indexes
+and the CLI, with their NumPy, torch, safetensors and Hugging Face config spellings.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from dflash_iree.errors import DFlashError
+
+# 2: what the host reads is written into the caller's buffers (entry point `writes`)
+FORMAT_VERSION = 2
+MANIFEST_FILE = "manifest.json"
+MODULE_FILE = "dflash.vmfb"
+KV_PAGE = 32  # KV cache rows per page; an attention reads pages.shape[0] * KV_PAGE rows
+DRIVERS = ("local-task", "cuda", "hip")
+
+
+@dataclass(frozen=True)
+class DType:
+    """One element type: numpy / torch attribute name ("" where none: numpy has no bfloat16, it
+    comes from ml_dtypes), safetensors tag, bytes per element."""
+
+    numpy: str
+    torch: str
+    safetensors: str
+    bytes: int
+
+
+DTYPES: dict[str, DType] = {
+    "f32": DType("float32", "float32", "F32", 4),
+    "f16": DType("float16", "float16", "F16", 2),
+    "bf16": DType("", "bfloat16", "BF16", 2),
+    "f64": DType("float64", "float64", "F64", 8),
+    "i64": DType("int64", "int64", "I64", 8),
+    "i32": DType("int32", "int32", "I32", 4),
+    "i8": DType("int8", "int8", "I8", 1),
+    "i1": DType("bool", "bool", "BOOL", 1),
+}
+COMPUTE_DTYPES = ("bf16", "f16", "f32")  # what a pair may be compiled in (--dtype)
+# A config.json's torch_dtype -> short name (the short names themselves are accepted too).
+CONFIG_DTYPES = {**{DTYPES[n].torch: n for n in COMPUTE_DTYPES}, **{n: n for n in COMPUTE_DTYPES}}
+SAFETENSORS_DTYPES = {d.safetensors: n for n, d in DTYPES.items()}
+
+
+def numpy_dtype(name: str):
+    """The numpy dtype of a short dtype name ("bf16": ml_dtypes.bfloat16, which comes with
+    iree-base-runtime). Raises KeyError for an unknown name."""
+    import numpy as np
+
+    if name == "bf16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(DTYPES[name].numpy)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Manifest:
+    """What one compile wrote, field for field as in manifest.json (README.md, "manifest.json").
+
+    arch / driver: the compile target and the iree.runtime driver that runs it (dflash_iree/arch.py).
+    target / drafter: checkpoint entries {folder, folder_relative (optional), config_hash, config,
+    raw_config}. entry_points: {name, model, doc, writes, args, results} per function, each tensor
+    {name, shape, dtype (a DTYPES name)}. parameters: scope -> key -> {shape, dtype}. files: name ->
+    sha256 of every file of the artifact folder besides the manifest.
+    """
+
+    format_version: int = FORMAT_VERSION
+    arch: str
+    arch_requested: str
+    arch_note: str
+    driver: str
+    module: str
+    versions: dict
+    flags: list
+    splice_flags: list
+    splices: dict  # what export/splice.py replaced, per splice
+    target: dict
+    drafter: dict
+    block_size: int
+    trained_block_size: int
+    draft_top_k: int  # K of the draft_topk entry point; 0: none
+    attention: str  # the attention form exported (export/qwen3.py)
+    max_context: int
+    dtype: str
+    streams: int
+    kv_page: int
+    tap_layer_ids: list
+    mask_token_id: int
+    shapes: dict
+    entry_points: list
+    parameters: dict
+    state: dict  # module-initialized mutable globals (the caches): not parameters
+    stats: dict
+    files: dict
+
+    def to_json(self) -> dict:
+        """The manifest.json object, keys in field order (format_version first)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def dumps(self) -> str:
+        """The text of manifest.json."""
+        return json.dumps(self.to_json(), indent=1) + "\n"
+
+    @classmethod
+    def from_json(cls, data: dict, where: str | Path = MANIFEST_FILE) -> "Manifest":
+        """The manifest of a manifest.json object; `where` names it in errors.
+
+        Raises:
+            DFlashError: not an object, another format_version, or fields missing: each says to
+                recompile with `dflash-iree compile` (an older dflash-iree wrote it).
+        """
+        if not isinstance(data, dict):
+            raise DFlashError(f"{where} is not a JSON object; recompile with dflash-iree compile --arch ARCH "
+                              "--target DIR --drafter DIR")
+        fix = (f"recompile with dflash-iree compile --arch {data.get('arch', 'ARCH')} --target DIR --drafter DIR "
+               f"--out {Path(where).parent}")
+        version = data.get("format_version")
+        if version != FORMAT_VERSION:
+            raise DFlashError(f"{where}: format_version {version} is not {FORMAT_VERSION} (written by another "
+                              f"dflash-iree); {fix}")
+        names = [f.name for f in fields(cls)]
+        missing = [n for n in names if n not in data]
+        if missing:
+            raise DFlashError(f"{where} has no {', '.join(missing)} (written by an older dflash-iree); {fix}")
+        if data["driver"] not in DRIVERS:
+            raise DFlashError(f"{where}: driver '{data['driver']}' is not one of {', '.join(DRIVERS)}; {fix}")
+        return cls(**{n: data[n] for n in names})
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Manifest":
+        """Read and check manifest.json at `path` (from_json). Raises DFlashError, also for a file
+        that is not JSON."""
+        try:
+            data = json.loads(Path(path).read_text())
+        except ValueError as e:
+            raise DFlashError(f"{path} is not valid JSON ({e}); recompile with dflash-iree compile") from None
+        return cls.from_json(data, path)
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """The target's end-of-sequence ids (its config's eos_token_id, as a list)."""
+        return list(self.target["config"].get("eos_token_ids", []))

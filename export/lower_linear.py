@@ -1,0 +1,186 @@
+"""Lowering of the linear named ops (`dflash::linear`, `linear_residual`, `linear_swiglu`, export/ops.py)
+onto the skinny GEMM of kernels/gemm/, or onto IREE's matmul (the op's reference operand).
+
+A weight takes the kernel when the arch has it (dflash_iree/arch.py) and x [..., K], the weight
+[N, K] and the result are bf16 with a static M = prod(x's leading dims), GEMM_MIN_M <= M <= 64, a
+weight of at least `min_weight_bytes` and a shape the kernel takes (`why_unsupported`). The taken
+weights of one `linear` op go in runs of up to three (MAX_WEIGHTS) a dispatch, in the op's order
+(a layer's q, k and v; the drafter's context k and v of all its layers). At M = 1 (decode) only an op
+of exactly GEMM_M1_RUN taken weights (a layer's q, k and v) takes it. `linear_residual` and
+`linear_swiglu` take the dispatch's epilogue ("residual", "swiglu") at M >= GEMM_MIN_M. Everything
+else becomes the op's reference: IREE's own matmul, as if there were no named op.
+"""
+
+from __future__ import annotations
+
+import re
+
+from dflash_iree.errors import DFlashError
+
+from .mlir import (add_functions, builtin_type, emit_call, find_ops, list_operands, op_name,
+                   replace_with_values, reshape_text)
+from .lowered import Lowered, has_kernel
+from .ops import LINEAR_OP, LINEAR_RESIDUAL_OP, LINEAR_SWIGLU_OP
+
+# M = 1 (decode) keeps IREE's own matvec for a lone weight and for gate + up: in IREE on the H200 it
+# ran the 8B layer at 0.63 of the copy bandwidth against 0.51 for the custom dispatch
+# (experiments/2026-11-30-skinny-gemm/), and grouping gate + up at M = 1 cost 0.5 ms more kernel time a step
+# (the grouped gate+up 60 us against IREE's 2 x 25, which also fuses the SiLU product into the up
+# matvec; experiments/2026-11-30-grouped-gemm/, `dec`). A layer's q, k and v (a group of
+# exactly three) do take the grouped dispatch at M = 1: its kernel time is about IREE's three
+# matvecs' (0.655 against 0.621 ms a decode step, experiments/2026-12-01-decode-dispatches/) and it is
+# two launches fewer a layer. The exact mode decodes plainly through the verify graph (M = block),
+# which takes the dispatch, so drafted == plain holds.
+GEMM_M1_RUN = 3
+GEMM_MIN_M = 2
+# Below this a weight's bytes take under a microsecond at the H200's bandwidth, less than the few µs
+# a custom dispatch costs in IREE, and IREE's own matmul fuses with its neighbours: on the demo pair
+# (384-wide layers) the drafted arm ran 1849 tok/s with the floor against 1633 without
+# (experiments/2026-11-30-one-call-rounds/demo_rounds.py, experiments/2026-11-30-one-call-rounds/). Every Qwen3-8B weight is above it.
+GEMM_MIN_WEIGHT_BYTES = 4 << 20
+LINEAR_OPS = (LINEAR_OP, LINEAR_RESIDUAL_OP, LINEAR_SWIGLU_OP)
+_BF16_2D = re.compile(r"tensor<(\d+)x(\d+)xbf16>")
+
+
+def _rows(x) -> tuple[int | None, int | None, str]:
+    """(M, K, builtin type) of x [..., K]: M None when a leading dim is dynamic or x is not bf16."""
+    t = builtin_type(x.type)
+    dims = t[len("tensor<"):-1].split("x")
+    if dims[-1] != "bf16" or len(dims) < 3 or "?" in dims[:-1]:
+        return None, None, t
+    m = 1
+    for d in dims[:-2]:
+        m *= int(d)
+    return m, int(dims[-2]), t
+
+
+def _weight_ok(w, M: int | None, K: int | None, arch: str, min_weight_bytes: int) -> tuple[int, str | None]:
+    """(N, None) when weight W [N, K] takes the kernel at M rows, else (N or 0, the reason it does not)."""
+    from dflash_iree.kernels.gemm import MAX_M, why_unsupported
+
+    m = _BF16_2D.fullmatch(builtin_type(w.type))
+    if not m or M is None or int(m[2]) != K:
+        return 0, "not bf16 [N, K] against a bf16 x with static rows"
+    N = int(m[1])
+    if not 1 <= M <= MAX_M:
+        return N, f"M={M} rows outside 1..{MAX_M}"
+    if 2 * N * K < min_weight_bytes:
+        return N, f"weight under {min_weight_bytes} bytes"
+    return N, why_unsupported(M, N, K, arch)
+
+
+def _gemm_function(M: int, Ns: tuple, K: int, arch: str, x_t: str, out_ts: list[str], epilogue: str | None,
+                   module) -> tuple[str, object]:
+    """Add the kernel for (M, Ns, K[, epilogue]) and a wrapper taking x_t and giving out_ts; returns
+    (the wrapper's name, the GemmDispatch)."""
+    from dflash_iree.kernels.gemm import gemm_dispatch
+
+    name = f"dflash_gemm_{M}x{'_'.join(map(str, Ns))}x{K}"
+    if epilogue:
+        shape = out_ts[0][len("tensor<"):-1].split("x")[:-1]
+        name += f"_{epilogue}_{'x'.join(shape)}"
+        d = gemm_dispatch(M, Ns, K, arch, name=name, epilogue=epilogue, out_shape=tuple(map(int, shape)))
+    else:
+        d = gemm_dispatch(M, Ns, K, arch, name=name)
+    flat = f"tensor<{M}x{K}xbf16>"
+    if x_t == flat and (epilogue or out_ts == [f"tensor<{M}x{n}xbf16>" for n in Ns]):
+        add_functions(module, d.mlir)
+        return name, d
+    w_ts = [f"tensor<{n}x{K}xbf16>" for n in Ns]
+    ins = [f"%w{i}: {t}" for i, t in enumerate(w_ts)] + ([f"%r: {out_ts[0]}"] if epilogue == "residual" else [])
+    line, xv = reshape_text("%x", x_t, flat)
+    body = line
+    args = [xv] + [f"%w{i}" for i in range(len(Ns))] + (["%r"] if epilogue == "residual" else [])
+    kernel_ts = out_ts if epilogue else [f"tensor<{M}x{n}xbf16>" for n in Ns]
+    arg_ts = [flat] + w_ts + ([out_ts[0]] if epilogue == "residual" else [])
+    body += (f"    %y:{len(kernel_ts)} = util.call @{name}({', '.join(args)}) : ({', '.join(arg_ts)}) -> "
+             f"({', '.join(kernel_ts)})\n")
+    outs = []
+    for i, (kt, ot) in enumerate(zip(kernel_ts, out_ts)):
+        line, v = reshape_text(f"%y#{i}", kt, ot)
+        body += line.replace(f"%y#{i}_r", f"%o{i}")
+        outs.append(f"%o{i}" if line else v)
+    wrapper = f"{name}_{x_t[len('tensor<'):-len('xbf16>')]}"
+    add_functions(module, d.mlir + f"util.func private @{wrapper}(%x: {x_t}, {', '.join(ins)}) -> "
+                          f"({', '.join(out_ts)}) {{\n{body}    util.return {', '.join(outs)} : {', '.join(out_ts)}\n}}\n")
+    return wrapper, d
+
+
+def lower_linear(module, arch: str, min_weight_bytes: int = GEMM_MIN_WEIGHT_BYTES, epilogues: bool = True,
+                 decode_qkv: bool = True):
+    """Lower every linear named op of MODULE for ARCH (module docstring).
+
+    min_weight_bytes: the weight floor (0 in tests and benches, for tiny weights). epilogues: False
+    gives `linear_residual` and `linear_swiglu` to IREE (an experiment). decode_qkv: False keeps
+    M = 1 on IREE's matvecs entirely.
+
+    Returns None when MODULE has no such op, else a `Lowered` (export/splice.py) whose entries are,
+    per kernel shape: M, N (a list for a group), K, `ops` (dispatches), `mms` (weights), the k splits
+    and the epilogue if any; and per op left to IREE, the reason.
+
+    Raises:
+        DFlashError: an op whose operands are not as export/ops.py documents them, or what
+            `gemm_dispatch` refuses (a missing object).
+    """
+    from dflash_iree.kernels.gemm import MAX_WEIGHTS
+
+    ops = [op for name in LINEAR_OPS for op in find_ops(module, "torch.operator", name)]
+    if not ops:
+        return None
+    out = Lowered(rule={"kernel": has_kernel(arch, "gemm"), "min_m": GEMM_MIN_M, "m1_group": GEMM_M1_RUN if decode_qkv else None,
+                        "min_weight_bytes": min_weight_bytes, "epilogues": epilogues})
+    counts: dict[tuple, list] = {}
+    for op in ops:
+        name = op_name(op)
+        x, weights = op.operands[0], list_operands(op.operands[1])
+        if name == LINEAR_OP:
+            refs, residual, rest = list_operands(op.operands[2]), None, list(op.operands[3:])
+        elif name == LINEAR_RESIDUAL_OP:
+            refs, residual, rest = [op.operands[3]], op.operands[2], list(op.operands[4:])
+        else:
+            refs, residual, rest = [op.operands[2]], None, list(op.operands[3:])
+        if len(rest) != 3 or (name == LINEAR_SWIGLU_OP and len(weights) != 2) or (
+                name == LINEAR_RESIDUAL_OP and len(weights) != 1) or (name == LINEAR_OP and len(weights) != len(refs)):
+            raise DFlashError(f"splice: {name} has operands {len(op.operands)} / weights {len(weights)} other than "
+                              "export/ops.py declares")
+        M, K, x_t = _rows(x)
+        why = None if has_kernel(arch, "gemm") else f"arch {arch} has no skinny GEMM kernel"
+        if why is None and (list_operands(rest[0]) or list_operands(rest[1])):
+            why = "4-bit weights (scales, zeros) have no kernel yet"
+        if why is None and M is None:
+            why = f"x {x_t} is not bf16 with static rows"
+        if why is None and name != LINEAR_OP and not epilogues:
+            why = "epilogues off"
+        if why is None and name != LINEAR_OP and M < GEMM_MIN_M:
+            why = f"M={M}: an epilogue takes M >= {GEMM_MIN_M}"
+        checked = [_weight_ok(w, M, K, arch, min_weight_bytes) for w in weights] if why is None else []
+        taken = [i for i, (_, w_why) in enumerate(checked) if w_why is None]
+        if why is None and name != LINEAR_OP and len(taken) != len(weights):
+            why = next(w_why for _, w_why in checked if w_why)
+        if why is None and M < GEMM_MIN_M and (not decode_qkv or len(taken) != GEMM_M1_RUN):
+            why = f"M={M}: only a group of exactly {GEMM_M1_RUN} weights takes the kernel"
+        if why is None:
+            why = next((w_why for _, w_why in checked if w_why), None)  # reported; the others are taken
+        else:
+            taken = []
+        values = list(refs)
+        for i in range(0, len(taken), MAX_WEIGHTS if name == LINEAR_OP else max(1, len(taken))):
+            run = taken[i:i + MAX_WEIGHTS] if name == LINEAR_OP else taken
+            Ns = tuple(checked[j][0] for j in run)
+            epi = {LINEAR_RESIDUAL_OP: "residual", LINEAR_SWIGLU_OP: "swiglu"}.get(name)
+            out_ts = [builtin_type(refs[j].type) for j in (run if epi is None else [0])]
+            fn, d = _gemm_function(M, Ns, K, arch, x_t, out_ts, epi, module)
+            operands = [x, *(weights[j] for j in run)] + ([residual] if residual is not None else [])
+            got = emit_call(op, fn, operands, out_ts, [refs[j].type for j in (run if epi is None else [0])])
+            for j, v in zip(run if epi is None else [0], got):
+                values[j] = v
+            key = (M, Ns, K, d.epilogue)
+            counts.setdefault(key, [0, d.plan.splits])[0] += 1
+            out.flags += [f for f in d.flags if f not in out.flags]
+        if why:
+            out.iree[why] = out.iree.get(why, 0) + len(weights) - len(taken)
+        replace_with_values(op, values)
+    out.entries = [{"M": M, "N": Ns[0] if len(Ns) == 1 else list(Ns), "K": K, "ops": c, "mms": c * len(Ns),
+                    "splits": splits, **({"epilogue": e} if e else {})}
+                   for (M, Ns, K, e), (c, splits) in sorted(counts.items(), key=lambda kv: (kv[0][:3], kv[0][3] or ""))]
+    return out

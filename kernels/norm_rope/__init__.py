@@ -1,0 +1,13 @@
+"""Qwen3's per-head q_norm / k_norm and RoPE in one dispatch (q and k of a layer together).
+
+- norm_rope_body.h, norm_rope_gpu.cu: the kernel and its GPU layer (every GPU arch, built with
+  -ffp-contract=off);
+- dispatch.py: the MLIR of the spliceable dispatch (`norm_rope_dispatch`) and a standalone module;
+- reference.py: the NumPy reference, rounding to the dtype where the eager ops do.
+"""
+
+from .dispatch import (ARCHS, DTYPES, OBJECTS_DIR, THREADS, NormRopeDispatch, f32_bits, norm_rope_dispatch, object_file,
+                       standalone_module)
+
+__all__ = ["ARCHS", "DTYPES", "OBJECTS_DIR", "THREADS", "NormRopeDispatch", "f32_bits", "norm_rope_dispatch",
+           "object_file", "standalone_module"]
