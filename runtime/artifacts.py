@@ -22,7 +22,7 @@ from pathlib import Path
 from dflash_iree import guard
 from dflash_iree.checkpoint import index_checkpoint
 from dflash_iree.errors import DFlashError
-from dflash_iree.manifest import MANIFEST_FILE, Manifest, numpy_dtype  # noqa: F401 (numpy_dtype: runtime/module.py)
+from dflash_iree.manifest import MANIFEST_FILE, Manifest, numpy_dtype
 
 MAX_PROBLEM_LINES = 12  # a wrong checkpoint mismatches every parameter: the first lines say enough
 DTYPE_HINT = "  the checkpoint holds"  # check_checkpoint's closing line when only dtypes differ

@@ -32,8 +32,7 @@ from operator import is_
 import numpy as np
 
 from dflash_iree.errors import DFlashError
-
-from .artifacts import numpy_dtype
+from dflash_iree.manifest import numpy_dtype
 
 
 class Staging:
