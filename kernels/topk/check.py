@@ -3,8 +3,9 @@
 Building needs the IREE compiler (the `compile` extra); running needs only the runtime and NumPy,
 so a machine without the compiler runs modules built elsewhere:
 
-    python -m dflash_iree.kernels.topk.check --arch sm_80 --build-only --modules DIR   # here
-    python -m kernels.topk.check --device cuda --no-build --modules DIR --json out.json # there (PYTHONPATH=repo)
+    dflash-iree topk-check --arch sm_80 --build-only --modules DIR                      # here
+    /tmp/site/bin/dflash-iree topk-check --device cuda --no-build --modules DIR --json out.json
+        # there, after bench/on_device.sh's install of the wheels into /tmp/site
 
 gfx targets cannot be run here: `--arch gfxNNNN --build-only` compiles every case's module and
 inspects the code object (ISA present, no scratch, no spills).
