@@ -4,6 +4,7 @@
     python bench/speed_8b.py prepare --blocks 8 --variant att --without epilogues   # a variant beside it
     bash bench/on_device.sh python3 bench/speed_8b.py run --json OUT   # on the GPU machine (torch with CUDA)
     python bench/speed_8b.py report OUT                     # here: the table of docs/benchmarks.md
+    ... run --blocks 16 --against pre --rounds 3            # this build and .gpu/8b-b16pre-*, alternated in one process
 
 The target is tests/fixtures/qwen3-8b (36 layers, hidden 4096, untied, bf16) and the drafter
 tests/fixtures/qwen3-8b-dflash-b16 (5 layers, taps [1, 9, 17, 25, 33]). No checkpoint travels: `run`
@@ -249,8 +250,9 @@ def _torch_decode(torch, target, mode: str | None, rows: int) -> dict:
 
 
 def run(out_json: Path, arch: str, peers: list, runtime_flags: list[str], blocks: list[int], variant: str = "",
-        profile: bool = False, traces: Path | None = None) -> dict:
-    """Measure on the GPU and write OUT_JSON. peers: torch modes to run (None = eager), [] for none."""
+        profile: bool = False, traces: Path | None = None, against: str | None = None, rounds: int = 3) -> dict:
+    """Measure on the GPU and write OUT_JSON. peers: torch modes to run (None = eager), [] for none.
+    against: another build's variant name, measured beside this one (`_alternate`)."""
     import iree.runtime as rt
     import torch
 
@@ -284,6 +286,8 @@ def run(out_json: Path, arch: str, peers: list, runtime_flags: list[str], blocks
         result["iree"][f"b{block}"] = r
         print(f"iree b{block}: decode {r['decode']['median_ms']:.3f} ms, verify {r['verify']['median_ms']:.3f} ms, "
               f"draft {r['draft']['median_ms']:.3f} ms (load {r['load_and_prefill_s']} s)", flush=True)
+    if against:
+        result["alternated"] = _alternate(arch, blocks[0], [variant, against], rounds, indexes, device, rows)
     del indexes, keep
     result["peers"] = []
     if peers:
@@ -298,6 +302,28 @@ def run(out_json: Path, arch: str, peers: list, runtime_flags: list[str], blocks
     write_json(out_json, result)
     print(format_table(result))
     return result
+
+
+ALTERNATED = ("decode", "decode_ahead", "verify", "draft", "round_fused")
+
+
+def _alternate(arch: str, block: int, variants: list[str], rounds: int, indexes, device, rows: int) -> dict:
+    """Two builds side by side in this one process: each variant's steps measured in turn, `rounds`
+    times; per variant and step the median of each round's median (ms), and the ratio of the first
+    variant to the second (this build over the one it is compared with)."""
+    runs: dict = {v: {k: [] for k in ALTERNATED} for v in variants}
+    for i in range(rounds):
+        for v in variants:
+            r = _iree_steps(artifact_dir(arch, block, v), indexes, device, rows)
+            for k in ALTERNATED:
+                if k in r:
+                    runs[v][k].append(r[k]["median_ms"])
+            print(f"round {i + 1} {v or 'this build'}: " + ", ".join(f"{k} {runs[v][k][-1]:.3f}" for k in ALTERNATED
+                                                              if runs[v][k]), flush=True)
+    med = {v: {k: statistics.median(ms) for k, ms in steps.items() if ms} for v, steps in runs.items()}
+    a, b = variants
+    return {"variants": variants, "rounds": rounds, "block": block, "runs_ms": runs, "median_ms": med,
+            "ratio": {k: round(med[a][k] / med[b][k], 4) for k in med[a] if k in med[b]}}
 
 
 def _prepare_options(p) -> None:
@@ -316,6 +342,8 @@ def _run_options(r) -> None:
                    help="torch peers: eager and torch.compile modes")
     r.add_argument("--blocks", type=int, nargs="+", default=[16, 8])
     r.add_argument("--variant", default="", help="artifact folders .gpu/8b-b{block}{variant}-{arch} (a compile experiment)")
+    r.add_argument("--against", help="another build's --variant, measured beside this one, alternated")
+    r.add_argument("--rounds", type=int, default=3, help="with --against: times each build is measured in turn")
     r.add_argument("--profile", action="store_true",
                    help="kernel times of each step, and the host's timeline of decode and verify (CUPTI, torch.profiler)")
     r.add_argument("--traces", help="with --profile: write one step's chrome trace of decode and verify here")
@@ -332,7 +360,7 @@ def _prepare(args) -> None:
 def _run(args) -> None:
     peers = [] if args.no_peers else [None if m == "eager" else m for m in args.peers]
     run(Path(args.json), args.arch, peers, args.runtime_flags, args.blocks, args.variant, args.profile,
-        Path(args.traces) if args.traces else None)
+        Path(args.traces) if args.traces else None, args.against, args.rounds)
 
 
 def _report(args) -> None:
