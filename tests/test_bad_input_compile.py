@@ -38,14 +38,14 @@ def fake_lowering(monkeypatch, host_artifacts, tmp_path):
     mlir = tmp_path / "export.mlirbc"
     mlir.write_bytes(b"stand-in export")
     monkeypatch.setattr(cc, "export_cached", lambda p, work, log=None, use_cache=True: mlir)
-    monkeypatch.setattr(cc, "splice_file", lambda src, dst, arch, splices=None: (Path(src), []))
+    monkeypatch.setattr(cc, "splice_file", lambda src, dst, arch, splices=None: (Path(src), [], {}))
 
     def iree_compile(src, vmfb, flags, stats, extra=()):
         shutil.copy(host_artifacts / "dflash.vmfb", vmfb)
         Path(stats).write_text("stand-in statistics\n")
 
     monkeypatch.setattr(cc, "run_iree_compile", iree_compile)
-    monkeypatch.setattr(cc, "_stats", lambda path: {"executables": 1, "dispatches": 1, "copies": 0, "fills": 0,
+    monkeypatch.setattr(cc, "scheduling_stats", lambda path: {"executables": 1, "dispatches": 1, "copies": 0, "fills": 0,
                                                     "dispatches_per_call": {}})
     return iree_compile
 
