@@ -9,8 +9,8 @@
 #   make device-wheels; make device-artifacts NAMES="tiny tiny-sm_80 demo-sm_80 expected.json 8b-b16-sm_80 8b-b16pre-sm_80"
 # and carried as [".gpu/wheels", ".gpu/artifacts.zip"].
 set -uo pipefail
-on() { bash bench/on_device.sh "$@"; }
+
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-timeout 200 on python3 bench/gpu_check.py run --device cuda --arch sm_80 --json "$OUT/gpu_check_h200.json" || echo "gpu_check failed: $?"
-timeout 330 on python3 bench/speed_8b.py run --no-peers --blocks 16 --against pre --rounds 3 \
+timeout 200 bash bench/on_device.sh python3 bench/gpu_check.py run --device cuda --arch sm_80 --json "$OUT/gpu_check_h200.json" || echo "gpu_check failed: $?"
+timeout 330 bash bench/on_device.sh python3 bench/speed_8b.py run --no-peers --blocks 16 --against pre --rounds 3 \
     --json "$OUT/speed_8b_h200_alternated.json" || echo "speed_8b failed: $?"
