@@ -178,6 +178,19 @@ def test_refuses_to_replace_an_artifact_folder_holding_the_users_files(capsys, t
     assert {p.name: p.read_text() for p in out.iterdir()} == before
 
 
+def test_refuses_a_symlinked_or_empty_out(capsys, tmp_path, target_dir, drafter_dir):
+    real = _artifact_folder(tmp_path / "real", {"dflash.vmfb": "0" * 64}, {})
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    for out, needle in ((link, f"--out {link} is a symbolic link"), ("", "--out is empty")):
+        rc = main(["compile", "--target", str(target_dir), "--drafter", str(drafter_dir), "--out", str(out),
+                   "--max-context", str(CONTEXT)])
+        err = capsys.readouterr().err
+        assert rc == 2 and needle in err and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before and link.is_symlink()
+
+
 @pytest.mark.parametrize("manifest_text", ["{not json", "{}", '{"files": 3}'])
 def test_refuses_an_artifact_folder_whose_manifest_cannot_list_its_files(tmp_path, manifest_text):
     out = tmp_path / "art"
