@@ -79,8 +79,8 @@ def _inconsistency(data: dict) -> str | None:
         return f"driver '{data['driver']}' is not one of {', '.join(DRIVERS)}"
     if data["dtype"] not in DTYPES:
         return f"dtype '{data['dtype']}' is not one of {', '.join(DTYPES)}"
-    for name in ("block_size", "max_context", "kv_page", "streams"):
-        if data[name] < (2 if name == "block_size" else 1):
+    for name in ("max_context", "kv_page", "streams"):  # block_size's range is compile's (export/compile.py plan)
+        if data[name] < 1:
             return f"{name} {data[name]} is out of range"
     if data["module"] not in data["files"]:
         return f"files does not list the module {data['module']} (no sha256 to check it by)"
