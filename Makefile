@@ -21,7 +21,7 @@ test: setup
 # Compile the demo pair for the host CPU (once; again when a source or the pair changes), then decode a
 # held-out code prompt plain and with DFlash: the text, tau and tok/s of each.
 DEMO_ARTIFACTS := compiled/host/manifest.json
-$(DEMO_ARTIFACTS): $(VENV)/.installed $(wildcard export/*.py models/demo/*/config.json)
+$(DEMO_ARTIFACTS): $(VENV)/.installed $(wildcard export/*.py kernels/*.py kernels/*/*.py kernels/objects/* dflash_iree/arch.py dflash_iree/config.py dflash_iree/manifest.py models/demo/*/config.json)
 	$(PY) -m dflash_iree compile --arch host --target models/demo/target --drafter models/demo/drafter
 
 demo: $(DEMO_ARTIFACTS)
@@ -30,7 +30,7 @@ demo: $(DEMO_ARTIFACTS)
 clean:
 	rm -rf $(VENV) build *.egg-info
 
-# Rebuild the committed kernel objects (top-K, skinny GEMM) (kernels/objects/) with the pinned clang-19.
+# Rebuild the committed kernel objects (top-K, skinny GEMM, block attention, norm + rope) (kernels/objects/) with the pinned clang-19.
 .PHONY: kernels
 kernels: setup
 	$(PY) -m dflash_iree.kernels.build

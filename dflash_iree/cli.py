@@ -188,6 +188,7 @@ def cmd_bench(args) -> int:
     for option, path in (("--json", args.json), ("--plot", args.plot)):
         if path:
             check_writable(path, option)  # before the run, not after it
+            _check_not_overwriting(Path(path), option, Path(args.prompts), json_result=option == "--json")
     if args.plot:
         check_plot()
     engine = _load_engine(args)
@@ -199,6 +200,23 @@ def cmd_bench(args) -> int:
     if args.plot:
         plot(result, args.plot)
     return 0 if result["same_tokens"] else 1
+
+
+def _check_not_overwriting(path: Path, option: str, prompts: Path, json_result: bool) -> None:
+    """Refuse an output path that holds the prompts being read, or (for --json) any existing file
+    that is not an earlier bench result: bench writes its results there whole."""
+    if not path.exists():
+        return
+    if prompts.exists() and path.samefile(prompts):
+        raise DFlashError(f"{option} {path} is the --prompts file; write the results elsewhere")
+    if json_result:
+        try:
+            earlier = json.loads(path.read_text())
+        except (OSError, ValueError):
+            earlier = None
+        if not (isinstance(earlier, dict) and "same_tokens" in earlier):
+            raise DFlashError(f"{option} {path} exists and is not an earlier bench result; choose another path, or "
+                              f"remove it first")
 
 
 def cmd_demo(args) -> int:
@@ -247,8 +265,19 @@ def _encoding_argument(p: argparse.ArgumentParser) -> None:
                    "(default utf-8; bytes that are not valid in it are refused)")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors as one line (the option and what is wrong, `--help` for the usage),
+    exit status 2, as every other refusal."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dflash-iree", description="AOT-compiled DFlash speculative decoding on IREE")
+    from dflash_iree import __version__
+
+    p = _Parser(prog="dflash-iree", description="AOT-compiled DFlash speculative decoding on IREE")
+    p.add_argument("--version", action="version", version=f"dflash-iree {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("generate", help="decode with compiled artifacts (plain or DFlash)")
@@ -342,6 +371,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with warnings.catch_warnings():
             warnings.showwarning = _show_warning
+            # libraries' deprecation notices (torch's pytree during export) are not the user's to act on
+            warnings.simplefilter("ignore", FutureWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)
             args = build_parser().parse_args(argv)
             return args.func(args)
     except DFlashError as e:

@@ -65,6 +65,35 @@ def numpy_dtype(name: str):
     return np.dtype(DTYPES[name].numpy)
 
 
+# The field annotations below, as JSON types (checked on reading, so that a hand-edited manifest is
+# refused by field, not met as a TypeError deep in the runtime).
+_JSON_TYPES = {"int": int, "str": str, "dict": dict, "list": list}
+_JSON_NAMES = {int: "an integer", str: "a string", dict: "an object", list: "a list"}
+# The entry points the runtime calls on every artifact (the others are optional: sampled, draft_topk).
+REQUIRED_ENTRY_POINTS = ("prefill", "verify", "decode", "absorb", "draft")
+
+
+def _inconsistency(data: dict) -> str | None:
+    """What, in a manifest whose fields have their types, the runtime could not use ("" or None: fine)."""
+    if data["driver"] not in DRIVERS:
+        return f"driver '{data['driver']}' is not one of {', '.join(DRIVERS)}"
+    if data["dtype"] not in DTYPES:
+        return f"dtype '{data['dtype']}' is not one of {', '.join(DTYPES)}"
+    for name in ("max_context", "kv_page", "streams"):  # block_size's range is compile's (export/compile.py plan)
+        if data[name] < 1:
+            return f"{name} {data[name]} is out of range"
+    if data["module"] not in data["files"]:
+        return f"files does not list the module {data['module']} (no sha256 to check it by)"
+    names = {e.get("name") for e in data["entry_points"] if isinstance(e, dict)}
+    missing = [n for n in REQUIRED_ENTRY_POINTS if n not in names]
+    if missing:
+        return f"entry_points has no {', '.join(missing)}"
+    for scope in ("target", "drafter"):
+        if not isinstance(data[scope].get("config"), dict) or scope not in data["parameters"]:
+            return f"{scope} has no config or parameters"
+    return None
+
+
 @dataclass(frozen=True, kw_only=True)
 class Manifest:
     """What one compile wrote, field for field as in manifest.json (README.md, "manifest.json").
@@ -118,8 +147,10 @@ class Manifest:
         """The manifest of a manifest.json object; `where` names it in errors.
 
         Raises:
-            DFlashError: not an object, another format_version, or fields missing: each says to
-                recompile with `dflash-iree compile` (an older dflash-iree wrote it).
+            DFlashError: not an object, another format_version, fields missing or of another JSON
+                type, or values the runtime cannot use (driver, dtype, sizes, the module's sha256,
+                the required entry points, each scope's config and parameters): each says to
+                recompile with `dflash-iree compile` (an older dflash-iree wrote it, or it was edited).
         """
         if not isinstance(data, dict):
             raise DFlashError(f"{where} is not a JSON object; recompile with dflash-iree compile --arch ARCH "
@@ -134,8 +165,13 @@ class Manifest:
         missing = [n for n in names if n not in data]
         if missing:
             raise DFlashError(f"{where} has no {', '.join(missing)} (written by an older dflash-iree); {fix}")
-        if data["driver"] not in DRIVERS:
-            raise DFlashError(f"{where}: driver '{data['driver']}' is not one of {', '.join(DRIVERS)}; {fix}")
+        for f in fields(cls):
+            value, kind = data[f.name], _JSON_TYPES[f.type]
+            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+                raise DFlashError(f"{where}: field {f.name} is {value!r}, not {_JSON_NAMES[kind]}; {fix}")
+        problem = _inconsistency(data)
+        if problem:
+            raise DFlashError(f"{where}: {problem}; {fix}")
         return cls(**{n: data[n] for n in names})
 
     @classmethod

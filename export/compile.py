@@ -15,6 +15,7 @@ several archs):
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import os
 import shutil
@@ -162,7 +163,10 @@ def export_mlir(p: Plan, path: str | Path, log=None) -> Path:
     return Path(path)
 
 
+# What the export reads besides torch and the configs (keys of the export cache): export/ files, and
+# the shared modules whose values it bakes in (shapes and page size, dtype names, config parsing).
 _EXPORT_SOURCES = ("aot.py", "qwen3.py", "dflash.py", "sampling.py", "ops.py", "mlir.py")
+_SHARED_SOURCES = ("config", "manifest")  # dflash_iree modules
 
 
 def cache_dir() -> Path | None:
@@ -180,12 +184,14 @@ def export_key(p: Plan) -> str:
     """sha256 of everything the exported MLIR depends on: the model shapes and options, the export
     sources, and the torch / iree-turbine / compiler versions (not the checkpoint folders)."""
     here = Path(__file__).parent
+    sources = [here / f for f in _EXPORT_SOURCES]
+    sources += [Path(importlib.import_module(f"dflash_iree.{m}").__file__) for m in _SHARED_SOURCES]
     parts = {
         "target": {k: v for k, v in p.target.to_dict().items() if k != "folder"},
         "drafter": {k: v for k, v in p.drafter.to_dict().items() if k != "folder"},
         "options": [p.block_size, p.max_context, p.dtype, p.streams, p.sampled, p.draft_top_k, p.attention],
         "versions": [_version(d) for d in ("torch", "iree-turbine", "iree-base-compiler")],
-        "sources": [hashlib.sha256((here / f).read_bytes()).hexdigest() for f in _EXPORT_SOURCES],
+        "sources": [hashlib.sha256(f.read_bytes()).hexdigest() for f in sources],
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -334,6 +340,9 @@ def lower(p: Plan, arch_name: str, mlir: str | Path, out_dir: str | Path, log=No
 def _check_destination(out: Path) -> None:
     """Refuse an `--out` that is not ours to replace: a file, or a folder holding anything but a
     manifest and the files that manifest lists (the user's notes, results or a second model)."""
+    if out.is_symlink():
+        raise DFlashError(f"--out {out} is a symbolic link (to {os.readlink(out)}); a compile replaces the folder "
+                          f"whole, so give the folder itself: --out {out.resolve()}")
     if not out.exists():
         return
     if not out.is_dir():
@@ -386,7 +395,9 @@ def compile_artifacts(arch: str, target_dir, drafter_dir, out_dir=None, block_si
                           f"archs only ({', '.join(kernel_archs('norm_rope'))}), not {resolved.name}: compile the 'matmul' form")
     p = plan(target_dir, drafter_dir, block_size, max_context, dtype, streams, sampled, draft_top_k,
              attention or resolved.attention)
-    out = Path(out_dir) if out_dir else Path("compiled") / resolved.name
+    if out_dir is not None and not str(out_dir).strip():
+        raise DFlashError("--out is empty; give a folder, or leave --out out for compiled/ARCH")
+    out = Path(out_dir) if out_dir is not None else Path("compiled") / resolved.name
     _check_destination(out)
     iree_compile_tool()
     log(f"configs: target {p.target.num_hidden_layers} layers, hidden {p.target.hidden_size}, vocab "

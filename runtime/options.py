@@ -25,7 +25,7 @@ class GenerateOptions:
         every drafted position, from the compiled top-K dispatch (GenerationResult.draft_top_k, see
         DraftTopK); 1..K of the artifacts (`dflash-iree compile --draft-top-k K`, manifest
         `draft_top_k`). Drafting itself is unchanged (the same draft ids, hence the same tokens).
-    exact: plain decoding through the verify graph (`verify_draft`'s when rounds are one call and
+    exact: plain decoding (it sets speculative False) through the verify graph (`verify_draft`'s when rounds are one call and
         the artifacts have it, else `verify`'s), so that drafted == plain holds bit for bit even in
         bf16 on a GPU.
     enable_thinking: passed to the chat template (off: drafters are trained without it).
@@ -54,6 +54,8 @@ class GenerateOptions:
                             ("max_new_tokens", validate.count(self.max_new_tokens, "max_new_tokens",
                                                               "new tokens to generate"))):
             object.__setattr__(self, name, value)  # frozen: the checked, normalised value
+        if self.exact:  # exact is a way of plain decoding (through the verify graph), never a drafted one
+            object.__setattr__(self, "speculative", False)
 
     @classmethod
     def of(cls, options: GenerateOptions | None = None, **overrides) -> GenerateOptions:

@@ -197,3 +197,48 @@ def test_non_utf8_prompt_on_the_command_line(host_artifacts):
                         bytes(host_artifacts), b"--prompt", b"caf\xe9"], capture_output=True, timeout=300)
     err = r.stderr.decode()
     assert_refused(r.returncode, err, "--prompt is not valid utf-8: byte 0xe9 at offset 3", "--encoding")
+
+
+def test_bench_never_writes_over_its_prompts_or_a_users_file(capsys, host_artifacts, tmp_path):
+    prompts = _prompts(tmp_path, [{"prompt_ids": [7, 300, 12]}])
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    before = snapshot(tmp_path)
+    for target, needle in ((prompts, "is the --prompts file"), (notes, "exists and is not an earlier bench result")):
+        rc, out, err = cli(capsys, "bench", "--artifacts", host_artifacts, "--prompts", prompts, "--max-new-tokens",
+                           "4", "--json", target)
+        assert_refused(rc, err, f"--json {target}", needle)
+        assert out == ""
+    assert snapshot(tmp_path) == before
+    result = tmp_path / "result.json"  # an earlier result of bench itself is replaced
+    for _ in range(2):
+        rc, _, err = cli(capsys, "bench", "--artifacts", host_artifacts, "--prompts", prompts, "--max-new-tokens", "4",
+                         "--json", result, "--quiet")
+        assert rc == 0, err
+    assert json.loads(result.read_text())["same_tokens"] is True
+
+
+def test_exact_is_plain_decoding_even_without_no_draft(capsys, engine, host_artifacts):
+    """exact=True means plain decoding through the verify graph: no rounds, however speculative is set."""
+    out = engine.generate([7, 300, 12], 12, exact=True)
+    assert out.accepted == [] and out.block_size == 1
+    assert out.tokens == engine.generate([7, 300, 12], 12).tokens
+    rc, stdout, err = cli(capsys, "generate", "--artifacts", host_artifacts, "--prompt-ids", IDS, "--max-new-tokens",
+                          "6", "--exact", "--json")
+    assert rc == 0 and json.loads(stdout)["stats"]["accepted"] == [], err
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["generate", "--max-new-tokens", "abc"], "argument --max-new-tokens: invalid int value: 'abc'"),
+    (["compile", "--dtype", "int8"], "argument --dtype: invalid choice: 'int8'"),
+    ([], "the following arguments are required: command"),
+])
+def test_argument_errors_are_one_line(capsys, argv, needle):
+    rc, out, err = cli(capsys, *argv)
+    assert rc == 2 and needle in err and "see dflash-iree" in err and "--help" in err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+def test_version(capsys):
+    rc, out, _ = cli(capsys, "--version")
+    assert rc == 0 and out.startswith("dflash-iree ")

@@ -53,10 +53,27 @@ def _drop_field(path: Path) -> None:
     path.write_text(json.dumps(m))
 
 
+def _set_field(name: str, value):
+    def damage(path: Path) -> None:
+        m = json.loads(path.read_text())
+        m[name] = value
+        path.write_text(json.dumps(m))
+    return damage
+
+
 ARTIFACT_FAULTS = [
     ("manifest-cut-off", "manifest.json", _cut, ["manifest.json is cut off after", "recompile"]),
     ("manifest-not-an-object", "manifest.json", lambda p: p.write_text("[1, 2]\n"), ["manifest.json is not a JSON object"]),
     ("manifest-field-missing", "manifest.json", _drop_field, ["lacks the field(s) entry_points"]),
+    ("manifest-block-size-text", "manifest.json", _set_field("block_size", "eight"),
+     ["field block_size is 'eight', not an integer", "recompile"]),
+    ("manifest-block-size-null", "manifest.json", _set_field("block_size", None), ["field block_size is None"]),
+    ("manifest-block-size-bool", "manifest.json", _set_field("block_size", True), ["field block_size is True"]),
+    ("manifest-no-entry-points", "manifest.json", _set_field("entry_points", []), ["entry_points has no prefill"]),
+    ("manifest-dtype-unknown", "manifest.json", _set_field("dtype", "q4"), ["dtype 'q4' is not one of"]),
+    ("manifest-parameters-null", "manifest.json", _set_field("parameters", None), ["field parameters is None, not an object"]),
+    ("manifest-files-empty", "manifest.json", _set_field("files", {}), ["files does not list the module dflash.vmfb"]),
+    ("manifest-kv-page-zero", "manifest.json", _set_field("kv_page", 0), ["kv_page 0 is out of range"]),
     ("vmfb-cut-off", "dflash.vmfb", _cut, ["dflash.vmfb is", "bytes", "cut off or changed"]),
     ("vmfb-changed", "dflash.vmfb", _flip_byte, ["dflash.vmfb: sha256 differs"]),
     ("vmfb-missing", "dflash.vmfb", lambda p: p.unlink(), ["dflash.vmfb is missing (listed in"]),
