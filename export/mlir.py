@@ -12,7 +12,7 @@ functions, finding the named ops and replacing them.
   with `torch_c.to_builtin_tensor`, the call's results back with `torch_c.from_builtin_tensor`, and
   the ops' uses take the converted results. IREE's torch input pipeline accepts `util.call` of a
   `util.func private` beside the torch ops of a `func.func`.
-- `result_holder(op)`, `list_operands(value)`, `replace_with_values(op, values)`, `replace_named_with_call`:
+- `result_holder(op)`, `list_operands(value)`, `replace_with_values(op, values)`:
   a named op's tensor results (through the `torch.prim.ListUnpack` of a `Tensor[]` result), the
   tensors of a `Tensor[]` operand (its `torch.prim.ListConstruct`), and the op's replacement by its
   reference operands.
@@ -130,7 +130,7 @@ def find_ops(module, name: str, custom: str | None = None) -> list:
 def replace_with_call(op, callee: str, operands: Iterable | None = None,
                       result_types: Sequence[str] | None = None, at_last: bool = False):
     """Replace OP (or a list of ops, in block order) by one `util.call @callee(operands)` and return
-    the call op.
+    the call's results as torch values (`emit_call`).
 
     Args:
         op: a torch op (ir.Operation or OpView) whose results are `!torch.vtensor`s, or a list of
@@ -153,9 +153,6 @@ def replace_with_call(op, callee: str, operands: Iterable | None = None,
         DFlashError: an operand or result that is not a tensor of known rank and dtype, or a
             result count that differs from the ops'.
     """
-    from iree.compiler import ir
-    from iree.compiler.dialects import util
-
     ops = [o.operation for o in (op if isinstance(op, list) else [op])]
     first = ops[0]
     where = ops[-1] if at_last else first
@@ -164,20 +161,12 @@ def replace_with_call(op, callee: str, operands: Iterable | None = None,
     result_types = [builtin_type(r.type) for r in results] if result_types is None else list(result_types)
     if len(result_types) != len(results):
         raise DFlashError(f"splice: {callee} returns {len(result_types)} results where {first.name} has {len(results)}")
-    with first.context, where.location, ir.InsertionPoint(where):
-        args = []
-        for v in operands:
-            if str(v.type).startswith("!torch.vtensor"):
-                v = ir.Operation.create("torch_c.to_builtin_tensor", results=[ir.Type.parse(builtin_type(v.type))],
-                                        operands=[v]).result
-            args.append(v)
-        call = util.CallOp([ir.Type.parse(t) for t in result_types], callee, args)
-        for old, new in zip(results, call.results):
-            back = ir.Operation.create("torch_c.from_builtin_tensor", results=[old.type], operands=[new]).result
-            old.replace_all_uses_with(back)
+    news = emit_call(where, callee, operands, result_types, [r.type for r in results])
+    for old, new in zip(results, news):
+        old.replace_all_uses_with(new)
     for o in ops:
         o.erase()
-    return call
+    return news
 
 
 def _constant(value, kind: str):
@@ -246,15 +235,6 @@ def _erase_with_lists(op, holder) -> None:
     for lst in lists:
         if not list(lst.results[0].uses):
             lst.erase()
-
-
-def replace_named_with_call(op, callee: str, operands: Iterable, result_types: Sequence[str]):
-    """`replace_with_call` for named op OP: the call takes the uses of its tensor results (through
-    the ListUnpack of a `Tensor[]` result) and OP goes with its list operands. Returns the call op."""
-    holder = result_holder(op)
-    call = replace_with_call(holder, callee, operands, result_types)
-    _erase_with_lists(op, None if holder.operation == op.operation else holder)
-    return call
 
 
 def replace_with_values(op, values: Sequence) -> None:
