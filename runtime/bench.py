@@ -19,6 +19,7 @@ import statistics
 from pathlib import Path
 
 from dflash_iree import validate
+from dflash_iree.acceptance import check_fits
 from dflash_iree.errors import DFlashError
 
 
@@ -36,6 +37,8 @@ def read_prompts(path: str | Path, limit: int | None = None, encoding: str = "ut
     path = Path(path)
     if limit is not None:
         validate.count(limit, "--limit", "prompts to use from the file")
+    if path.is_dir():
+        raise DFlashError(f"{path} is a folder; pass a JSONL file of {{\"prompt\": ...}} lines in it")
     if not path.is_file():
         raise DFlashError(f"{path} does not exist; pass a JSONL file of {{\"prompt\": ...}} lines")
     prompts = []
@@ -77,6 +80,11 @@ def run_bench(engine, prompts: list, max_new_tokens: int = 128, temperature: flo
     runs = validate.count(runs, "runs", "times each prompt runs per arm")
     if not prompts:
         raise DFlashError("no prompts to benchmark")
+    for i, prompt in enumerate(prompts):  # every prompt, before the first is run
+        try:
+            check_fits(len(engine.encode_prompt(prompt)), max_new_tokens, engine.block_size, engine.max_context)
+        except DFlashError as e:
+            raise DFlashError(f"prompt {i + 1} of {len(prompts)}: {e}") from None
     arms = {"plain": [], "dflash": []}
     same, decode_graph_diffs, accepted_all, first_ok = True, 0, [], []
     for r in range(runs):

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 
 from dflash_iree import validate
+from dflash_iree.errors import DFlashError
 from dflash_iree.acceptance import accept_length
 
 
@@ -54,6 +55,11 @@ class GenerateOptions:
                             ("max_new_tokens", validate.count(self.max_new_tokens, "max_new_tokens",
                                                               "new tokens to generate"))):
             object.__setattr__(self, name, value)  # frozen: the checked, normalised value
+        for name in ("speculative", "exact", "enable_thinking"):
+            value = getattr(self, name)
+            if not isinstance(value, bool) and type(value).__name__ != "bool_":  # numpy's bool passes
+                raise DFlashError(f"{name} {value!r} is not True or False")
+            object.__setattr__(self, name, bool(value))
         if self.exact:  # exact is a way of plain decoding (through the verify graph), never a drafted one
             object.__setattr__(self, "speculative", False)
 
@@ -67,6 +73,8 @@ class GenerateOptions:
         """
         names = [f.name for f in fields(cls)]
         unknown = sorted(set(overrides) - set(names))
+        if options is not None and not isinstance(options, cls):
+            raise TypeError(f"options is a {type(options).__name__}; pass a GenerateOptions (or the options as keywords)")
         if unknown:
             seams = [u for u in unknown if u in SEAM_NAMES]
             hint = f"; {', '.join(seams)}: test seams, set with Engine.with_seams(...)" if seams else ""

@@ -242,3 +242,19 @@ def test_argument_errors_are_one_line(capsys, argv, needle):
 def test_version(capsys):
     rc, out, _ = cli(capsys, "--version")
     assert rc == 0 and out.startswith("dflash-iree ")
+
+
+def test_options_of_the_wrong_type(engine):
+    with pytest.raises(DFlashError, match=r"^speculative 'no' is not True or False"):
+        engine.generate([7, 300, 12], 4, speculative="no")
+    with pytest.raises(TypeError, match=r"options is a dict; pass a GenerateOptions"):
+        engine.generate([7, 300, 12], 4, options={"temperature": 1.0})
+
+
+def test_bench_checks_every_prompt_fits_before_running(capsys, host_artifacts, tmp_path):
+    prompts = _prompts(tmp_path, [{"prompt_ids": [7, 300, 12]}, {"prompt_ids": [5] * 300}])
+    rc, out, err = cli(capsys, "bench", "--artifacts", host_artifacts, "--prompts", prompts, "--max-new-tokens", "4")
+    assert_refused(rc, err, "prompt 2 of 2: prompt (300 tokens)", "exceeds max_context 256")
+    assert out == "" and "run 1/1" not in err
+    rc, _, err = cli(capsys, "bench", "--artifacts", host_artifacts, "--prompts", tmp_path)
+    assert_refused(rc, err, f"{tmp_path} is a folder; pass a JSONL file")
