@@ -72,7 +72,11 @@ def cmd_eager(args) -> int:
 
     from dflash_iree.config import load_target_config
 
-    vocab = load_target_config(args.target).vocab_size
+    tcfg = load_target_config(args.target)
+    vocab, limit = tcfg.vocab_size, tcfg.max_position_embeddings
+    if args.max_context is None:
+        args.max_context = min(4096, limit)  # as compile's default
+    validate.integer(args.max_context, "--max-context", 2, limit, fix=f" (the target's max_position_embeddings is {limit})")
     prompt = validate.token_ids(_encode_prompt(args.target, _arg_text(args.prompt, args.encoding, "--prompt"),
                                                args.prompt_ids), vocab)
     sampling = SamplingConfig(*validate.sampling(args.temperature, args.top_k, args.top_p, args.seed, vocab))
@@ -324,7 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--prompt", help="prompt text (tokenized with the target's tokenizer.json)")
     e.add_argument("--prompt-ids", help="prompt token ids, space or comma separated")
     e.add_argument("--max-new-tokens", type=int, default=64)
-    e.add_argument("--max-context", type=int, default=4096)
+    e.add_argument("--max-context", type=int, help="KV cache length in tokens (default 4096, or the target's "
+                   "max_position_embeddings when it is smaller)")
     e.add_argument("--dtype", choices=COMPUTE_DTYPES, help="default: the config's torch_dtype")
     e.add_argument("--block-size", type=int, help="default: the drafter's trained block_size")
     e.add_argument("--temperature", type=float, default=0.0)

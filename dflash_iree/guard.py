@@ -60,6 +60,10 @@ def read_manifest(folder: str | Path) -> dict:
         raise DFlashError(f"--artifacts {folder} is a file; pass the artifact folder that holds it and its "
                           f"{MANIFEST_FILE}: --artifacts {folder.parent}")
     path = folder / MANIFEST_FILE
+    if not path.is_file() and (folder / "config.json").is_file():
+        raise DFlashError(f"--artifacts {folder} is a checkpoint folder (it has config.json), not compiled artifacts; "
+                          f"compile it first (dflash-iree compile --arch ARCH --target DIR --drafter DIR, into "
+                          f"compiled/ARCH) and pass that folder as --artifacts")
     if not path.is_file():
         raise DFlashError(f"{path} does not exist; build the artifacts first: dflash-iree compile --arch ARCH "
                           f"--target DIR --drafter DIR --out {folder}")

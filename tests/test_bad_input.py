@@ -68,7 +68,10 @@ def test_id_far_above_the_vocabulary_does_not_crash(host_artifacts):
 def test_eager_refuses_bad_ids_and_sampling(capsys, target_dir):
     for argv, needle in ([["--prompt-ids", "600"], "prompt token id 600"],
                          [["--prompt-ids", "1", "--temperature", "nan"], "temperature nan"],
-                         [["--prompt-ids", "1", "--seed", str(2**70)], "seed 1180591620717411303424"]):
+                         [["--prompt-ids", "1", "--seed", str(2**70)], "seed 1180591620717411303424"],
+                         [["--prompt-ids", "1", "--max-context", "4096"],
+                          "--max-context 4096 is out of range: use 2..1024 (the target's max_position_embeddings"],
+                         [["--prompt-ids", "1", "--max-new-tokens", "1500"], "exceeds max_context 1024"]):
         rc, _, err = cli(capsys, "eager", "--target", target_dir, *argv)
         assert_refused(rc, err, needle)
 

@@ -96,6 +96,12 @@ def test_artifacts_option_pointing_at_the_vmfb(capsys, host_artifacts):
     assert "--out" not in err
 
 
+def test_artifacts_option_pointing_at_a_checkpoint(capsys, target_dir):
+    rc, _, err = _generate(capsys, target_dir)
+    assert_refused(rc, err, f"--artifacts {target_dir} is a checkpoint folder", "compile it first")
+    assert "--out" not in err
+
+
 def _world_readable_copy(folders: list[Path]) -> tuple[Path, list[Path]]:
     import tempfile
 
