@@ -239,8 +239,11 @@ def cmd_demo(args) -> int:
     plain = engine.generate(prompt, args.max_new_tokens, speculative=False)
     drafted = engine.generate(prompt, args.max_new_tokens)
     exact = engine.generate(prompt, args.max_new_tokens, speculative=False, exact=True)
-    print(prompt if isinstance(prompt, str) else engine.codec.decode(prompt), end="")
-    print(drafted.text if drafted.text is not None else drafted.tokens)
+    if isinstance(prompt, str) or engine.codec is not None:
+        print(prompt if isinstance(prompt, str) else engine.codec.decode(prompt), end="")
+        print(drafted.text)
+    else:  # token ids and no tokenizer: ids in, ids out
+        print(" ".join(map(str, prompt)), "->", " ".join(map(str, drafted.tokens)))
     print("-" * 72)
     print(f"plain : {plain.decode_tok_s:7.1f} tok/s")
     print(f"dflash: {drafted.decode_tok_s:7.1f} tok/s   tau {drafted.tau_mean:.2f} over {len(drafted.accepted)} rounds"

@@ -31,8 +31,8 @@ from pathlib import Path
 from .checkpoint import sha256_file
 from .config import load_drafter_config, load_target_config
 from .errors import DFlashError
+from .manifest import FORMAT_VERSION, MANIFEST_FILE
 
-MANIFEST_FILE = "manifest.json"
 # the manifest fields the runtime reads before anything else (a manifest without them is not ours)
 MANIFEST_FIELDS = ("format_version", "arch", "module", "files", "target", "drafter", "block_size", "max_context",
                    "dtype", "shapes", "entry_points", "parameters")
@@ -80,7 +80,7 @@ def read_manifest(folder: str | Path) -> dict:
     if not isinstance(manifest, dict):
         raise DFlashError(f"{path} is not a JSON object; recompile the artifacts")
     missing = [k for k in MANIFEST_FIELDS if k not in manifest]
-    if missing and manifest.get("format_version") == 2:
+    if missing and manifest.get("format_version") == FORMAT_VERSION:
         raise DFlashError(f"{path} lacks the field(s) {', '.join(missing)}; the file was changed: recompile the artifacts")
     return manifest
 

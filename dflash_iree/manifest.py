@@ -1,8 +1,9 @@
 """The artifact manifest (`compiled/ARCH/manifest.json`) as one typed record, and the dtype names.
 
 `dflash-iree compile` (export/compile.py) fills a `Manifest` and writes `to_json()`; the runtime
-(runtime/artifacts.py) reads it back with `Manifest.load`, which refuses, naming the fix, a manifest
-of another format version or one missing a field (every format-2 compile writes them all; the one
+(runtime/artifacts.py) reads it back with `Manifest.from_json` (after dflash_iree/guard.py has read the
+file whole), which refuses, naming the fix, a manifest of another format version, one missing a
+field, or one whose fields the runtime cannot use (every format-2 compile writes them all; the one
 optional entry is a checkpoint's `folder_relative`, absent where no relative path exists). The
 JSON keys, their order and their meaning are README.md's "manifest.json". Torch-free.
 
@@ -73,12 +74,16 @@ _JSON_NAMES = {int: "an integer", str: "a string", dict: "an object", list: "a l
 REQUIRED_ENTRY_POINTS = ("prefill", "verify", "decode", "absorb", "draft")
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _inconsistency(data: dict) -> str | None:
     """What, in a manifest whose fields have their types, the runtime could not use ("" or None: fine)."""
     if data["driver"] not in DRIVERS:
         return f"driver '{data['driver']}' is not one of {', '.join(DRIVERS)}"
-    if data["dtype"] not in DTYPES:
-        return f"dtype '{data['dtype']}' is not one of {', '.join(DTYPES)}"
+    if data["dtype"] not in COMPUTE_DTYPES:
+        return f"dtype '{data['dtype']}' is not one of {', '.join(COMPUTE_DTYPES)}"
     for name in ("max_context", "kv_page", "streams"):  # block_size's range is compile's (export/compile.py plan)
         if data[name] < 1:
             return f"{name} {data[name]} is out of range"
@@ -91,6 +96,12 @@ def _inconsistency(data: dict) -> str | None:
     for scope in ("target", "drafter"):
         if not isinstance(data[scope].get("config"), dict) or scope not in data["parameters"]:
             return f"{scope} has no config or parameters"
+    if not _is_int(data["target"]["config"].get("vocab_size")):
+        return "target.config has no integer vocab_size"
+    if not all(_is_int(data["shapes"].get(k)) for k in ("kv_page", "tap_width")):
+        return "shapes lacks kv_page or tap_width"
+    if not isinstance(data["state"].get("globals"), dict):
+        return "state has no globals"
     return None
 
 

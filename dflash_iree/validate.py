@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from .errors import DFlashError
 
@@ -66,6 +66,9 @@ def prompt(value):
     """
     if isinstance(value, (bytes, bytearray, memoryview)):
         raise DFlashError("the prompt is bytes; decode it to text (str) first, or pass a list of token ids")
+    if isinstance(value, Mapping):
+        raise DFlashError("the prompt is one chat message (a dict); pass a list of messages: [{\"role\": ..., "
+                          "\"content\": ...}]")
     if not isinstance(value, str) and (not hasattr(value, "__len__") or not hasattr(value, "__getitem__")):
         raise DFlashError(f"the prompt is a {type(value).__name__}; pass text (str), a list of token ids, or chat "
                           "messages [{\"role\": ..., \"content\": ...}]")
@@ -103,7 +106,10 @@ def token_ids(ids, vocab_size: int, what: str = "prompt") -> list[int]:
 def _number(value, option: str, use: str) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise DFlashError(f"{option} {value!r} is not a number; use {use}")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an int past float's range
+        raise DFlashError(f"{option} {value} is not a finite number; use {use}") from None
     if not math.isfinite(value):
         raise DFlashError(f"{option} {value} is not a finite number; use {use}")
     return value
@@ -210,9 +216,13 @@ def stop_items(stop) -> list:
     """The `stop` argument as a list of str and int items (one item alone is accepted).
 
     Raises:
-        DFlashError: an item that is neither a string nor an integer token id.
+        DFlashError: an item that is neither a string nor an integer token id; bytes, a dict or a
+            number that is no integer in place of the list.
     """
-    items = [stop] if isinstance(stop, (str, numbers.Integral)) else list(stop or [])
+    if isinstance(stop, (bytes, bytearray, memoryview, Mapping)) or (
+            stop is not None and not isinstance(stop, (str, Iterable)) and not _is_int(stop)):
+        raise DFlashError(f"stop {stop!r} is neither a stop string, an integer token id, nor a list of them")
+    items = [stop] if isinstance(stop, str) or _is_int(stop) else list(stop or [])
     for s in items:
         if not isinstance(s, str) and not _is_int(s):
             raise DFlashError(f"stop item {s!r} is neither a stop string nor an integer token id")

@@ -40,8 +40,9 @@ class Artifacts:
         """Read and check `folder/manifest.json` and the files it lists.
 
         Raises:
-            DFlashError: a missing folder or manifest, another format version or a missing field
-                (Manifest.load), a missing file or a sha256 mismatch.
+            DFlashError: a missing folder or manifest, a cut-off or non-JSON one (guard.read_manifest),
+                another format version, a missing field or one the runtime cannot use
+                (Manifest.from_json), a missing file, or a size or sha256 mismatch (guard.check_files).
         """
         folder = Path(folder)
         path = folder / MANIFEST_FILE

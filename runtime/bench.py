@@ -80,6 +80,7 @@ def run_bench(engine, prompts: list, max_new_tokens: int = 128, temperature: flo
     runs = validate.count(runs, "runs", "times each prompt runs per arm")
     if not prompts:
         raise DFlashError("no prompts to benchmark")
+    max_new_tokens = validate.count(max_new_tokens, "max_new_tokens", "new tokens to generate")
     for i, prompt in enumerate(prompts):  # every prompt, before the first is run
         try:
             check_fits(len(engine.encode_prompt(prompt)), max_new_tokens, engine.block_size, engine.max_context)

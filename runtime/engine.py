@@ -134,7 +134,8 @@ class Engine:
                               f"(manifest draft_top_k); ask for 1..{K}, or recompile with dflash-iree compile "
                               f"--draft-top-k {k}")
         if not speculative:
-            raise DFlashError("draft_top_k needs drafted decoding: with speculative=False (--no-draft) nothing is drafted")
+            raise DFlashError("draft_top_k needs drafted decoding: with speculative=False (--no-draft) or exact=True "
+                              "(--exact) nothing is drafted")
         if proposer is not None:
             raise DFlashError("draft_top_k comes from the compiled drafter; it cannot be used with a proposer")
         return k
@@ -196,17 +197,17 @@ class Engine:
     def _request(self, prompt, o: GenerateOptions) -> Request:
         """A new Request for `prompt` with options `o`, checked against these artifacts; sets the
         module's sampling for it (stream 0)."""
-        top_k = self._check_draft_top_k(o.draft_top_k, o.speculative, self.seams.proposer)
+        top_k = self._check_draft_top_k(o.draft_top_k, o.drafted, self.seams.proposer)
         ids = self.encode_prompt(prompt, o.enable_thinking)
         B = self.block_size
-        n = B - 1 if o.num_speculative_tokens is None or not o.speculative else \
+        n = B - 1 if o.num_speculative_tokens is None or not o.drafted else \
             validate.num_speculative_tokens(o.num_speculative_tokens, B)
         check_fits(len(ids), o.max_new_tokens, B, self.max_context)
         stop = self._stop_rule(o.stop, o.max_new_tokens)
         m, s = self.module, self.seams
         # a top_k above the vocabulary keeps every token, as 0 does; clamped so that no int64 overflows
         m.set_sampling(o.temperature, min(o.top_k, self.vocab_size), o.top_p, o.seed)  # before has_verify_draft: it is per sampling mode
-        fused = o.speculative and s.fused_round and s.proposer is None and not top_k and m.has_verify_draft()
+        fused = o.drafted and s.fused_round and s.proposer is None and not top_k and m.has_verify_draft()
         # exact plain steps go through the graph that a drafted request with the same fused_round
         # verifies with, so that the two agree bit for bit
         fused_exact = o.exact and s.fused_round and m.has_verify_draft()
@@ -217,6 +218,9 @@ class Engine:
         text after each (with a streamer) and returns the result."""
         m = self.module
         decode.prefill(m, req, self.seams)
+        decode.check_stop_strings(req)
+        if streamer:  # the first token's text, also when the request ends with it
+            yield streamer.push(req.tokens[len(streamer.ids):])
         ahead = decode.plain_ahead(m, req)
         try:
             while not req.done:

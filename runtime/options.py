@@ -26,7 +26,7 @@ class GenerateOptions:
         every drafted position, from the compiled top-K dispatch (GenerationResult.draft_top_k, see
         DraftTopK); 1..K of the artifacts (`dflash-iree compile --draft-top-k K`, manifest
         `draft_top_k`). Drafting itself is unchanged (the same draft ids, hence the same tokens).
-    exact: plain decoding (it sets speculative False) through the verify graph (`verify_draft`'s when rounds are one call and
+    exact: plain decoding (whatever `speculative` says: see `drafted`) through the verify graph (`verify_draft`'s when rounds are one call and
         the artifacts have it, else `verify`'s), so that drafted == plain holds bit for bit even in
         bf16 on a GPU.
     enable_thinking: passed to the chat template (off: drafters are trained without it).
@@ -60,8 +60,11 @@ class GenerateOptions:
             if not isinstance(value, bool) and type(value).__name__ != "bool_":  # numpy's bool passes
                 raise DFlashError(f"{name} {value!r} is not True or False")
             object.__setattr__(self, name, bool(value))
-        if self.exact:  # exact is a way of plain decoding (through the verify graph), never a drafted one
-            object.__setattr__(self, "speculative", False)
+
+    @property
+    def drafted(self) -> bool:
+        """Whether the request drafts: `speculative`, unless `exact` asks for plain decoding."""
+        return self.speculative and not self.exact
 
     @classmethod
     def of(cls, options: GenerateOptions | None = None, **overrides) -> GenerateOptions:

@@ -111,7 +111,8 @@ class Request:
 
     @property
     def speculative(self) -> bool:
-        return self.options.speculative
+        """The request drafts (GenerateOptions.drafted: `exact` is plain decoding)."""
+        return self.options.drafted
 
     @property
     def block_size(self) -> int:

@@ -261,3 +261,27 @@ def test_bench_checks_every_prompt_fits_before_running(capsys, host_artifacts, t
     assert out == "" and "run 1/1" not in err
     rc, _, err = cli(capsys, "bench", "--artifacts", host_artifacts, "--prompts", tmp_path)
     assert_refused(rc, err, f"{tmp_path} is a folder; pass a JSONL file")
+
+
+@pytest.mark.parametrize("prompt,kw,match", [
+    ({"role": "user", "content": "hi"}, {}, r"the prompt is one chat message \(a dict\)"),
+    ([1], {"stop": 1.5}, r"stop 1\.5 is neither a stop string"),
+    ([1], {"stop": b"\n"}, r"stop b'\\n' is neither"),
+    ([1], {"stop": {"a": 1}}, r"stop \{'a': 1\} is neither"),
+    ([1], {"temperature": 10**400}, r"temperature 1000.* is not a finite number"),
+], ids=["one-message-dict", "stop-float", "stop-bytes", "stop-dict", "temperature-huge-int"])
+def test_api_refuses_more(engine, prompt, kw, match):
+    with pytest.raises(DFlashError, match=match):
+        engine.generate(prompt, 4, **kw)
+
+
+def test_exact_as_an_option_can_be_replaced(engine):
+    """exact is not written into speculative: a later exact=False drafts again."""
+    from dflash_iree.runtime.options import GenerateOptions
+
+    o = GenerateOptions(exact=True)
+    assert o.speculative and not o.drafted
+    assert engine.generate([7, 300, 12], 12, options=o, exact=False).accepted != []
+    with pytest.raises(DFlashError, match=r"or exact=True \(--exact\) nothing is drafted"):
+        engine.generate([7, 300, 12], 4, exact=True, draft_top_k=2)
+

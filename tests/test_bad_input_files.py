@@ -74,6 +74,8 @@ ARTIFACT_FAULTS = [
     ("manifest-parameters-null", "manifest.json", _set_field("parameters", None), ["field parameters is None, not an object"]),
     ("manifest-files-empty", "manifest.json", _set_field("files", {}), ["files does not list the module dflash.vmfb"]),
     ("manifest-kv-page-zero", "manifest.json", _set_field("kv_page", 0), ["kv_page 0 is out of range"]),
+    ("manifest-dtype-not-computed", "manifest.json", _set_field("dtype", "i64"), ["dtype 'i64' is not one of bf16, f16, f32"]),
+    ("manifest-state-empty", "manifest.json", _set_field("state", {}), ["state has no globals"]),
     ("vmfb-cut-off", "dflash.vmfb", _cut, ["dflash.vmfb is", "bytes", "cut off or changed"]),
     ("vmfb-changed", "dflash.vmfb", _flip_byte, ["dflash.vmfb: sha256 differs"]),
     ("vmfb-missing", "dflash.vmfb", lambda p: p.unlink(), ["dflash.vmfb is missing (listed in"]),
