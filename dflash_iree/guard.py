@@ -73,7 +73,10 @@ def read_manifest(folder: str | Path) -> dict:
     except OSError as e:
         raise DFlashError(f"{path}: cannot read it ({e.strerror}); check the folder's permissions") from None
     except (ValueError, UnicodeDecodeError) as e:
-        end = (getattr(e, "pos", None) or 0) >= len(data.rstrip())  # the parser ran out of text
+        # The parser ran out of text: at the end, or inside a string (whose error points at its start;
+        # strict JSON strings hold no raw newline, so an unterminated one reached the end of the file).
+        end = ((getattr(e, "pos", None) or 0) >= len(data.rstrip())
+               or str(getattr(e, "msg", "")).startswith("Unterminated string"))
         what = f"cut off after {len(data)} bytes" if end else f"not valid JSON ({e})"
         raise DFlashError(f"{path} is {what}; the compile that wrote it was interrupted or the file was changed: "
                           "recompile the artifacts") from None

@@ -92,6 +92,18 @@ def test_damaged_artifacts_refused(capsys, host_artifacts, tmp_path, name, damag
     assert snapshot(arts) == before
 
 
+def test_manifest_cut_anywhere_is_named_cut_off(host_artifacts, tmp_path):
+    """Wherever a manifest is cut (inside a string, a number, between fields), it is named cut off: the
+    fault test above cuts at one point, which fell inside a string on one machine and not on another."""
+    data = (host_artifacts / "manifest.json").read_bytes()
+    for keep in range(1, len(data) - 2, max(1, len(data) // 97)):
+        folder = tmp_path / str(keep)
+        folder.mkdir()
+        (folder / "manifest.json").write_bytes(data[:keep])
+        with pytest.raises(DFlashError, match="is cut off after"):
+            guard.read_manifest(folder)
+
+
 def test_artifacts_option_pointing_at_the_vmfb(capsys, host_artifacts):
     rc, _, err = _generate(capsys, host_artifacts / "dflash.vmfb")
     assert_refused(rc, err, "is a file; pass the artifact folder", f"--artifacts {host_artifacts}")
