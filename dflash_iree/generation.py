@@ -11,13 +11,20 @@ from typing import NamedTuple
 
 from .acceptance import tau_histogram
 
+# What a drafter drafts with at T > 0 (export/sampling.py `draft_tokens`): the target's own keyed noise
+# ("coupled", what requests get), or, as benchmark controls that keep the tokens and lose acceptance,
+# a greedy draft ("greedy") or the noise of another seed ("other": the seed xor OTHER_DRAFT_SEED).
+DRAFT_NOISES = ("coupled", "greedy", "other")
+OTHER_DRAFT_SEED = 0x5BD1E995
+
 
 class DraftTopK(NamedTuple):
     """The drafter's top-k at the drafted positions of one round (`generate(..., draft_top_k=k)`).
 
     ids: one list of k token ids per draft token of the round (row i: block position i + 1, the
         position of draft token i), best first: descending drafter logit, equal logits by lower id,
-        so ids[i][0] is draft token i. `accepted` of the same round says how many rows were kept.
+        so ids[i][0] is draft token i of a greedy request (a sampled request drafts with the target's
+        noise, which may choose another of the drafter's tokens). `accepted` of the same round says how many rows were kept.
     logprobs: the matching log-probabilities, log_softmax(drafter logits / T) at those ids, with T
         the request's temperature when it samples (> 0) and 1 when it is greedy (the drafter's own
         distribution). top_k / top_p are not applied.

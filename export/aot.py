@@ -20,6 +20,9 @@ the drafter uses too) are bound once. What the module looks like from outside:
   the call is done, instead of queueing a copy of a returned device buffer and waiting for it
   (docs/architecture.md, "Results written into the caller's buffers"). Only the taps (and `absorb`'s
   count) are returned.
+- A sampled request drafts with the target's own keyed noise (`draft_sampled`, `draft_topk_sampled`
+  and `verify_draft_sampled`'s next draft; export/sampling.py `draft_tokens`), so the draft is the
+  token the target would draw if the drafter's logits were its own; greedy requests draft by argmax.
 - `verify_draft` is a whole speculative round in one call (verify, the acceptance count on the
   device, the next draft), so a round costs one call and one read of the host's instead of two; the host's
   `accept_length` stays the rule, and the runtime checks the device's count against it every round.
@@ -152,8 +155,10 @@ def entry_points(shapes: ExportShapes, sampled: bool = True) -> list[EntryPoint]
     The target's steps come greedy (argmax) and, when `sampled`, as `*_sampled` variants that take
     per-stream temperature, top_k, top_p and seed tensors (export/sampling.py); a stream with
     temperature 0 is greedy in those too. Greedy requests use the plain ones, which skip the ~64
-    vocab-wide reductions per row that keyed top-k / top-p sampling costs. With
-    `shapes.draft_top_k` K > 0, `draft_topk` follows `draft`: the same draft, plus its top-K.
+    vocab-wide reductions per row that keyed top-k / top-p sampling costs. The drafter's `draft`
+    comes as `draft_sampled` too, which drafts with the target's keyed noise (coupled drafting), as
+    `verify_draft_sampled` drafts its next block. With `shapes.draft_top_k` K > 0, `draft_topk`
+    (and `draft_topk_sampled`) follows: the same draft, plus its top-K.
     """
     S, B, N, dt = shapes.streams, shapes.block_size, shapes.tap_width, shapes.dtype
     tokens = lambda t: TensorSpec("tokens", (S, t), "i64")  # noqa: E731
@@ -192,20 +197,26 @@ def entry_points(shapes: ExportShapes, sampled: bool = True) -> list[EntryPoint]
     draft_args = (taps(B), TensorSpec("ctx_start", (S,), "i64"), TensorSpec("n_valid", (S,), "i64"),
                   TensorSpec("anchor", (S,), "i64"), pages)
     draft = TensorSpec("draft", (S, B - 1), "i64")
-    out.append(EntryPoint(
-        "draft", "drafter", draft_args + (draft,), (),
-        "Absorb the first n_valid rows of the last verify's taps (positions [ctx_start, ctx_start+n_valid); "
-        "rows past n_valid are ignored), then draft block_size-1 greedy tokens after the anchor at "
-        "position ctx_start+n_valid. After prefill, pass any taps with n_valid = 0.", ("draft",)))
+    draft_doc = ("Absorb the first n_valid rows of the last verify's taps (positions [ctx_start, ctx_start+n_valid); "
+                 "rows past n_valid are ignored), then draft block_size-1 tokens after the anchor at position "
+                 "ctx_start+n_valid. After prefill, pass any taps with n_valid = 0.")
+    coupled = (" Each draft token is chosen with the target's keyed noise at its position (export/sampling.py "
+               "`draft_tokens`: coupled drafting); a stream with temperature 0 drafts greedily.")
     K = shapes.draft_top_k
-    if K:
-        top = (draft, TensorSpec("topk_ids", (S, B - 1, K), "i32"), TensorSpec("topk_logprobs", (S, B - 1, K), "f32"))
-        out.append(EntryPoint(
-            "draft_topk", "drafter", draft_args + (TensorSpec("temperature", (S,), "f32"),) + top, (),
-            f"`draft`, and at each drafted position the drafter's {K} best ids (descending logit, equal logits "
-            "by lower id; topk_ids[..., 0] is the draft) and log_softmax(logits / temperature) at them, from "
-            "the top-K dispatch of kernels/ (temperature > 0; 1 gives the drafter's own distribution).",
-            tuple(t.name for t in top)))
+    top = (draft, TensorSpec("topk_ids", (S, B - 1, K), "i32"), TensorSpec("topk_logprobs", (S, B - 1, K), "f32"))
+    top_doc = (f" At each drafted position also the drafter's {K} best ids (descending logit, equal logits by lower "
+               "id) and log_softmax(logits / temperature) at them, from the top-K dispatch of kernels/.")
+    for suffix, extra in (("", ()), ("_sampled", sampling)) if sampled else (("", ()),):
+        what = coupled if extra else " The draft is greedy."
+        out.append(EntryPoint("draft" + suffix, "drafter", draft_args + extra + (draft,), (), draft_doc + what,
+                              ("draft",)))
+        if K:
+            temperature = () if extra else (TensorSpec("temperature", (S,), "f32"),)
+            out.append(EntryPoint(
+                "draft_topk" + suffix, "drafter", draft_args + temperature + extra + top, (),
+                f"`draft{suffix}`." + top_doc + (" temperature is the request's." if extra else
+                                                 " temperature > 0; 1 gives the drafter's own distribution."),
+                tuple(t.name for t in top)))
     return out
 
 
@@ -278,7 +289,7 @@ def _verify_then_draft(m, tokens, start, n_draft, pages, sampling, round_):
     chosen, taps = _step(m, tokens, start, pages, sampling)
     n_valid = accepted_drafts(tokens, chosen, n_draft) + 1
     bonus = torch.gather(chosen, 1, (n_valid - 1)[:, None])[:, 0]
-    draft = m.drafter(m.target, taps, start, n_valid, bonus, read_len=_read_len(pages))[0]
+    draft = m.drafter(m.target, taps, start, n_valid, bonus, read_len=_read_len(pages), sampling=sampling)[0]
     # one int64 row, so a round costs one read of the host's
     round_.copy_(torch.cat([chosen, draft, n_valid[:, None]], 1))
     return taps
@@ -297,22 +308,44 @@ def absorb(m, taps, start):
     return start + taps.shape[1]
 
 
-def draft(m, taps, ctx_start, n_valid, anchor, pages, draft):
-    draft.copy_(m.drafter(m.target, taps, ctx_start, n_valid, anchor, read_len=_read_len(pages))[0])
-    return ()
-
-
-def draft_topk(m, taps, ctx_start, n_valid, anchor, pages, temperature, draft, topk_ids, topk_logprobs):
-    ids, logits = m.drafter(m.target, taps, ctx_start, n_valid, anchor, read_len=_read_len(pages))
-    top_ids, top_lps = m.drafter.top_k(logits, temperature, m.draft_top_k)
+def _draft_into(m, taps, ctx_start, n_valid, anchor, pages, sampling, draft):
+    ids, logits = m.drafter(m.target, taps, ctx_start, n_valid, anchor, read_len=_read_len(pages), sampling=sampling)
     draft.copy_(ids)
+    return logits
+
+
+def _draft_topk_into(m, args, temperature, sampling, draft, topk_ids, topk_logprobs):
+    logits = _draft_into(m, *args, sampling, draft)
+    top_ids, top_lps = m.drafter.top_k(logits, temperature, m.draft_top_k)
     topk_ids.copy_(top_ids)
     topk_logprobs.copy_(top_lps)
     return ()
 
 
+def draft(m, taps, ctx_start, n_valid, anchor, pages, draft):
+    _draft_into(m, taps, ctx_start, n_valid, anchor, pages, None, draft)
+    return ()
+
+
+def draft_sampled(m, taps, ctx_start, n_valid, anchor, pages, temperature, top_k, top_p, seed, draft):
+    _draft_into(m, taps, ctx_start, n_valid, anchor, pages, Sampling(temperature, top_k, top_p, seed), draft)
+    return ()
+
+
+def draft_topk(m, taps, ctx_start, n_valid, anchor, pages, temperature, draft, topk_ids, topk_logprobs):
+    return _draft_topk_into(m, (taps, ctx_start, n_valid, anchor, pages), temperature, None, draft, topk_ids,
+                            topk_logprobs)
+
+
+def draft_topk_sampled(m, taps, ctx_start, n_valid, anchor, pages, temperature, top_k, top_p, seed, draft,
+                       topk_ids, topk_logprobs):
+    return _draft_topk_into(m, (taps, ctx_start, n_valid, anchor, pages), temperature,
+                            Sampling(temperature, top_k, top_p, seed), draft, topk_ids, topk_logprobs)
+
+
 _BODIES = {f.__name__: f for f in (prefill, prefill_sampled, verify, verify_sampled, decode, decode_sampled,
-                                   verify_draft, verify_draft_sampled, absorb, draft, draft_topk)}
+                                   verify_draft, verify_draft_sampled, absorb, draft, draft_sampled, draft_topk,
+                                   draft_topk_sampled)}
 
 
 def _linear_2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -12,7 +12,9 @@ Per round, for a block starting at absolute position `start`:
   its queries attend, with no causal mask, to the cached context (positions < start) and to the
   block's own K/V;
 - the last layer's output goes through the drafter's `norm` and the target's lm_head, and the
-  greedy draft is read at block positions 1..B-1;
+  draft is read at block positions 1..B-1: greedy, or for a sampled request chosen with the
+  target's own keyed noise at each token's absolute position (export/sampling.py `draft_tokens`,
+  coupled drafting);
 - on request (`top_k`), the k best ids and log-probs of those logits, through the custom op that
   the compiled module replaces with the draft top-K dispatch of kernels/ (export/ops.py).
 """
@@ -26,7 +28,7 @@ from dflash_iree.config import DrafterConfig
 
 from .ops import top_k_per_stream
 from .qwen3 import DecoderLayer, Qwen3, RMSNorm, attention_fn, cache_rows, project, rope_tables, write_cache
-from .sampling import argmax
+from .sampling import Sampling, draft_tokens
 
 
 class DrafterLayer(DecoderLayer):
@@ -85,7 +87,8 @@ class DFlashDrafter(nn.Module):
             write_cache(self.ctx_cache, rows[i], k, v)
 
     def forward(self, target: Qwen3, taps: torch.Tensor, ctx_start: torch.Tensor, n_valid: torch.Tensor,
-                anchor: torch.Tensor, read_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                anchor: torch.Tensor, read_len: int | None = None,
+                sampling: Sampling | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Absorb last round's context rows, then draft one block.
 
         Args:
@@ -97,9 +100,12 @@ class DFlashDrafter(nn.Module):
             n_valid: int64 [S], how many of the R rows are real; the block starts at ctx_start + n_valid.
             anchor: int64 [S], the last committed token (block position 0).
             read_len: context cache rows to read (>= block start); default max_context.
+            sampling: None: a greedy draft; else the request's sampling parameters, and each draft
+                token is chosen with the target's keyed noise at its position (`draft_tokens`).
 
         Returns:
-            draft: int64 [S, B - 1], greedy draft for block positions 1..B-1.
+            draft: int64 [S, B - 1], the draft for block positions 1..B-1 (absolute positions
+                start + 1 .. start + B - 1).
             logits: float32 [S, B - 1, vocab_size].
         """
         self.absorb(taps, ctx_start)
@@ -122,7 +128,7 @@ class DFlashDrafter(nn.Module):
             x = layer(x, cos, sin, ctx_k, ctx_v, ctx_visible)
         h = self.norm(x[:, 1:])
         logits = project(h.to(target.dtype), [target.lm_head])[0].float()
-        return argmax(logits), logits
+        return draft_tokens(logits, positions[:, 1:], sampling), logits
 
     @staticmethod
     def top_k(logits: torch.Tensor, temperature: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

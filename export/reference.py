@@ -3,7 +3,10 @@
 This is what every compiled path is checked against, token for token. Both decoders take the
 target's token at each absolute position from `choose_tokens` (argmax, or a sample keyed by
 (seed, position)), so drafted output equals plain output by construction of the acceptance rule
-(dflash_iree/acceptance.py), for greedy and for seeded sampling alike. The draft stays greedy.
+(dflash_iree/acceptance.py), for greedy and for seeded sampling alike. A sampled request drafts
+with the target's own keyed noise (coupled drafting, export/sampling.py `draft_tokens`), as the
+compiled drafter does; `draft_noise` picks the benchmark's other arms (a greedy draft, or noise of
+another seed), which keep the tokens and lose acceptance.
 
 The drafter is reached through a small proposer interface, so a scripted drafter (tests) can
 stand in for the DFlash module, and the acceptance rule is a parameter, so a deliberately broken
@@ -21,7 +24,7 @@ import torch
 
 from dflash_iree.acceptance import accept_length, check_fits, commit_round
 from dflash_iree.errors import DFlashError
-from dflash_iree.generation import GenerationResult
+from dflash_iree.generation import DRAFT_NOISES, OTHER_DRAFT_SEED, GenerationResult
 
 from .dflash import DFlashDrafter
 from .qwen3 import Qwen3
@@ -72,11 +75,32 @@ class Proposer(Protocol):
         """
 
 
-class DrafterProposer:
-    """The DFlash module as a Proposer."""
+def draft_sampling(sampling: Sampling | None, draft_noise: str = "coupled") -> Sampling | None:
+    """The sampling a drafter drafts with: the request's own ("coupled"), none ("greedy"), or the
+    request's with another seed ("other", a benchmark control: independent noise).
 
-    def __init__(self, target: Qwen3, drafter: DFlashDrafter):
-        self.target, self.drafter = target, drafter
+    Raises:
+        DFlashError: a draft_noise not in DRAFT_NOISES.
+    """
+    if draft_noise not in DRAFT_NOISES:
+        raise DFlashError(f"draft_noise {draft_noise!r}: use one of {', '.join(DRAFT_NOISES)}")
+    if sampling is None or draft_noise == "greedy":
+        return None
+    if draft_noise == "other":
+        return sampling._replace(seed=sampling.seed ^ OTHER_DRAFT_SEED)
+    return sampling
+
+
+class DrafterProposer:
+    """The DFlash module as a Proposer.
+
+    sampling: what the drafter drafts with (`draft_sampling`); None drafts greedily. `last_logits`
+    keeps the last round's drafter logits, float32 [B - 1, V] (benchmarks read them).
+    """
+
+    def __init__(self, target: Qwen3, drafter: DFlashDrafter, sampling: Sampling | None = None):
+        self.target, self.drafter, self.sampling = target, drafter, sampling
+        self.last_logits = None
 
     def begin(self, prompt_taps: torch.Tensor) -> None:
         self.drafter.absorb(prompt_taps, torch.zeros(1, dtype=torch.int64))
@@ -84,10 +108,11 @@ class DrafterProposer:
     def propose(self, tokens: list[int], new_taps: torch.Tensor, ctx_start: int) -> list[int]:
         R = new_taps.shape[1]
         start = ctx_start + R
-        draft, _ = self.drafter(
+        draft, logits = self.drafter(
             self.target, new_taps, torch.tensor([ctx_start]), torch.tensor([R]), torch.tensor([tokens[-1]]),
-            read_len=start + self.drafter.block_size,
+            read_len=start + self.drafter.block_size, sampling=self.sampling,
         )
+        self.last_logits = logits[0]
         return draft[0].tolist()
 
 
@@ -126,7 +151,8 @@ def generate_plain(target: Qwen3, prompt: Sequence[int], max_new_tokens: int,
 def generate_dflash(target: Qwen3, proposer: Proposer | DFlashDrafter, prompt: Sequence[int], max_new_tokens: int,
                     sampling: SamplingConfig = SamplingConfig(), stop_ids: Sequence[int] = (),
                     num_speculative_tokens: int | None = None,
-                    accept: Callable[[Sequence[int], Sequence[int]], int] = accept_length) -> GenerationResult:
+                    accept: Callable[[Sequence[int], Sequence[int]], int] = accept_length,
+                    draft_noise: str = "coupled") -> GenerationResult:
     """DFlash decoding: prefill; then per round draft, verify the block as a chain, accept, roll back.
 
     Args:
@@ -134,23 +160,28 @@ def generate_dflash(target: Qwen3, proposer: Proposer | DFlashDrafter, prompt: S
         proposer: a DFlashDrafter (wrapped in DrafterProposer) or any Proposer.
         prompt: prompt token ids.
         max_new_tokens: budget of new tokens.
-        sampling: greedy or keyed sampling for the target; the draft is always greedy.
+        sampling: greedy or keyed sampling for the target; a DFlashDrafter drafts with the same
+            keyed noise (coupled drafting).
         stop_ids: extra stop token ids (eos ids are always stops).
         num_speculative_tokens: draft tokens verified per round, 1..block_size-1; default block_size-1.
         accept: the acceptance rule; tests pass a deliberately broken one as a planted control.
+        draft_noise: a DFlashDrafter's noise at T > 0 (`draft_sampling`): "coupled" (the default),
+            or the benchmark's controls "greedy" and "other"; the tokens are the same for all three.
 
     Returns:
         GenerationResult with per-round accepted counts (text None: the reference works on ids).
 
     Raises:
-        DFlashError: num_speculative_tokens out of range, or the request does not fit max_context.
+        DFlashError: num_speculative_tokens out of range, a draft_noise not in DRAFT_NOISES, or the
+            request does not fit max_context.
 
     Algorithm: z-lab/dflash `dflash_generate` (chain verify, exact match against the target's own
-    choice, bonus token), with rollback by length instead of cache cropping.
+    choice, bonus token), with rollback by length instead of cache cropping; coupled drafting:
+    Daliri, Musco and Suresh 2024 (export/sampling.py).
     """
     if isinstance(proposer, DFlashDrafter):
         block_size = proposer.block_size
-        proposer = DrafterProposer(target, proposer)
+        proposer = DrafterProposer(target, proposer, draft_sampling(sampling.tensors(), draft_noise))
     else:
         block_size = getattr(proposer, "block_size")
     n = block_size - 1 if num_speculative_tokens is None else num_speculative_tokens

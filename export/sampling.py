@@ -12,6 +12,14 @@ The top-k and top-p cut-offs are found by bisection on a logit threshold (`_BISE
 float32): the kept set is every token whose logit is at or above the threshold, so ties at the
 cut-off are kept, as in Hugging Face's `TopKLogitsWarper`. Tokens whose logits differ by less than
 the final bisection width (about range / 2**32) are not separated.
+
+The drafter drafts with the same noise (`draft_tokens`): its token for a position is
+argmax(draft_logits / T + gumbel) with the gumbel of that very (seed, position, token id), so a
+drafter close to the target proposes the token the target will draw: coupling by shared randomness
+(Daliri, Musco and Suresh, "Coupling without communication and drafter-invariant speculative
+decoding", 2024, arXiv:2408.07978), whose match probability is at least (1 - TV) / (1 + TV) between
+the two distributions. The target's choice is untouched, so drafted == plain seeded sampling holds
+as before.
 """
 
 from __future__ import annotations
@@ -90,6 +98,20 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
     return (V - best).to(torch.int64)
 
 
+def _kept(scores: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """bool [S, T, V]: the tokens that survive top-k and top-p of `scores` (logits / T), the best
+    always (ties at a cut-off are kept)."""
+    V = scores.shape[-1]
+    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, V))[:, None, None]
+    t_k = _threshold(scores, lambda keep: keep.sum(-1, keepdim=True, dtype=torch.int32) >= k)  # int32: see argmax
+    probs = torch.softmax(scores, -1)
+    p = top_p[:, None, None]
+    t_p = _threshold(scores, lambda keep: (probs * keep).sum(-1, keepdim=True) >= p)
+    # top_p = 1 keeps everything, whatever float rounding does to the mass of the tail
+    t_p = torch.where(p >= 1.0, scores.amin(-1, keepdim=True), t_p)
+    return (scores >= torch.maximum(t_k, t_p)) | (scores >= scores.amax(-1, keepdim=True))
+
+
 def choose_tokens(logits: torch.Tensor, positions: torch.Tensor, sampling: Sampling | None) -> torch.Tensor:
     """The target's token for each row: argmax, or a keyed Gumbel-max sample.
 
@@ -102,22 +124,43 @@ def choose_tokens(logits: torch.Tensor, positions: torch.Tensor, sampling: Sampl
     Returns:
         int64 [S, T] token ids.
     """
+    return _choose(logits, positions, sampling, cut=True)
+
+
+DRAFT_CUT = True  # the drafter applies the request's top-k / top-p to its own logits (docs/architecture.md)
+
+
+def draft_tokens(logits: torch.Tensor, positions: torch.Tensor, sampling: Sampling | None,
+                 cut: bool | None = None) -> torch.Tensor:
+    """The drafter's token for each drafted position: argmax (greedy requests, and streams with
+    temperature 0), else the Gumbel-max choice with the target's own keyed noise (coupled drafting).
+
+    Args:
+        logits: float32 [S, T, V], the drafter's logits for T drafted positions.
+        positions: int64 [S, T], the absolute position of each drafted token: the key the target
+            samples that position with (`choose_tokens` gets row position + 1 for the same token).
+        sampling: the request's parameters, or None (greedy: plain argmax, nothing more computed).
+        cut: default `DRAFT_CUT`. True: the choice ranges over the tokens that survive the request's top-k / top-p of
+            the drafter's own logits (the drafter cannot know the target's kept set); False: over
+            the whole vocabulary.
+
+    Returns:
+        int64 [S, T] draft token ids.
+
+    Algorithm: Daliri, Musco and Suresh 2024 (module docstring); the noise is `keyed_uniform`'s.
+    """
+    return _choose(logits, positions, sampling, DRAFT_CUT if cut is None else cut)
+
+
+def _choose(logits, positions, sampling: Sampling | None, cut: bool) -> torch.Tensor:
     greedy = argmax(logits)
     if sampling is None:
         return greedy
     temperature, top_k, top_p, seed = sampling
-    S, T, V = logits.shape
     t = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
     scores = logits / t[:, None, None]
-    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, V))[:, None, None]
-    t_k = _threshold(scores, lambda keep: keep.sum(-1, keepdim=True, dtype=torch.int32) >= k)  # int32: see argmax
-    probs = torch.softmax(scores, -1)
-    p = top_p[:, None, None]
-    t_p = _threshold(scores, lambda keep: (probs * keep).sum(-1, keepdim=True) >= p)
-    # top_p = 1 keeps everything, whatever float rounding does to the mass of the tail
-    t_p = torch.where(p >= 1.0, scores.amin(-1, keepdim=True), t_p)
-    keep = (scores >= torch.maximum(t_k, t_p)) | (scores >= scores.amax(-1, keepdim=True))
-    u = keyed_uniform(seed, positions, V)
-    gumbel = -torch.log(-torch.log(u))
-    sampled = argmax(torch.where(keep, scores + gumbel, torch.full_like(scores, float("-inf"))))
-    return torch.where((temperature > 0)[:, None], sampled, greedy)
+    u = keyed_uniform(seed, positions, scores.shape[-1])
+    noisy = scores - torch.log(-torch.log(u))
+    if cut:
+        noisy = torch.where(_kept(scores, top_k, top_p), noisy, torch.full_like(noisy, float("-inf")))
+    return torch.where((temperature > 0)[:, None], argmax(noisy), greedy)

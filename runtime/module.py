@@ -1,7 +1,8 @@
 """One compiled module on one device: typed calls to its entry points for a single stream.
 
-Entry points (export/aot.py): `prefill`, `verify`, `decode`, `verify_draft` (each also
-`*_sampled`), `absorb`, `draft`, and `draft_topk` when the artifacts were compiled with
+Entry points (export/aot.py): `prefill`, `verify`, `decode`, `verify_draft`, `draft` (each also
+`*_sampled`: the target samples with keyed noise, the drafter drafts with the same noise), `absorb`,
+and `draft_topk` (also `draft_topk_sampled`) when the artifacts were compiled with
 `--draft-top-k K` (K >= 1). Every call passes `pages`, an int8 vector whose length bounds the KV cache rows that attention reads
 (`kv_page` rows a page), so a step's cost follows the context length, not `max_context`. Taps stay
 on the device: `prefill` and `verify` return them as device arrays and `absorb` / `draft` take
@@ -32,6 +33,7 @@ from operator import is_
 import numpy as np
 
 from dflash_iree.errors import DFlashError
+from dflash_iree.generation import OTHER_DRAFT_SEED
 from dflash_iree.manifest import numpy_dtype
 
 
@@ -173,6 +175,8 @@ class CompiledPair:
         self._zero_taps = np.zeros((1, block_size, tap_width), tap_dtype)
         self._sampling: tuple = ()
         self._suffix = ""
+        self._draft_sampling: tuple = ()  # what `draft` / `draft_topk` draft with (set_sampling)
+        self._draft_suffix = ""
         self.host_bytes = 0  # bytes the host reads of the device's outputs, for the transfer contract
         self._stage = Staging(device)
         self._pages_args: dict[int, object] = {}
@@ -187,15 +191,28 @@ class CompiledPair:
     def _out(self, *shape, dtype=np.int64, slot: int = 0):
         return self._stage.out(shape, dtype, slot)
 
-    def set_sampling(self, temperature: float, top_k: int, top_p: float, seed: int) -> None:
-        """Greedy requests call the plain entry points; others the `*_sampled` ones."""
+    def set_sampling(self, temperature: float, top_k: int, top_p: float, seed: int, draft_noise: str = "coupled") -> None:
+        """Greedy requests call the plain entry points; others the `*_sampled` ones, whose drafts use
+        the target's keyed noise (coupled drafting).
+
+        draft_noise: what the separate `draft` / `draft_topk` calls draft with at temperature > 0
+            (dflash_iree.generation.DRAFT_NOISES): "coupled", or the benchmark's controls "greedy"
+            (the plain `draft`) and "other" (another seed). Artifacts compiled before
+            `draft_sampled` existed draft greedily.
+        """
         if temperature > 0:
             self._suffix = "_sampled"
-            self._sampling = tuple(self._stage.arg(a, constant=True) for a in (
-                np.array([temperature], np.float32), np.array([top_k], np.int64), np.array([top_p], np.float32),
-                np.array([seed], np.int64)))
+            args = (np.array([temperature], np.float32), np.array([top_k], np.int64), np.array([top_p], np.float32))
+            self._sampling = tuple(self._stage.arg(a, constant=True) for a in (*args, np.array([seed], np.int64)))
+            self._draft_suffix, self._draft_sampling = "", ()
+            if draft_noise != "greedy" and "draft_sampled" in self.fn:
+                draft_seed = seed ^ OTHER_DRAFT_SEED if draft_noise == "other" else seed
+                self._draft_suffix = "_sampled"
+                self._draft_sampling = self._sampling[:3] + (self._stage.arg(np.array([draft_seed], np.int64),
+                                                                            constant=True),)
         else:
             self._suffix, self._sampling = "", ()
+            self._draft_suffix, self._draft_sampling = "", ()
 
     def _pages(self, rows: int):
         """The `pages` argument for `rows` cache rows: its length is what counts (zeros, one pinned
@@ -342,7 +359,8 @@ class CompiledPair:
         `taps` None (the first round after prefill) passes zero rows with n_valid = 0.
         """
         draft = self._out(1, self.block_size - 1)
-        self.fn["draft"](*self._draft_args(taps, ctx_start, n_valid, anchor, start), draft)
+        self.fn["draft" + self._draft_suffix](*self._draft_args(taps, ctx_start, n_valid, anchor, start),
+                                              *self._draft_sampling, draft)
         return [int(t) for t in self._read(draft)[0]]
 
     def _draft_args(self, taps, ctx_start: int, n_valid: int, anchor: int, start: int) -> tuple:
@@ -353,18 +371,22 @@ class CompiledPair:
         """`draft`, plus the drafter's top-K at each drafted position (the `draft_topk` entry point).
 
         Args:
-            temperature: > 0; the log-probs are log_softmax(drafter logits / temperature).
+            temperature: > 0; the log-probs are log_softmax(drafter logits / temperature) (a sampled
+                request's: `draft_topk_sampled` takes the temperature of set_sampling).
 
         Returns:
             (draft ids [B - 1] list, top-K ids int32 ndarray [B - 1, K], log-probs float32 ndarray
-            [B - 1, K]), K the compiled count; ids[:, 0] are the draft ids.
+            [B - 1, K]), K the compiled count; ids[:, 0] are the draft ids of a greedy draft.
         """
         if self.top_k < 1:
             raise DFlashError("these artifacts have no draft_topk entry point (compiled with --draft-top-k 0); "
                               "recompile with --draft-top-k K, K in 1..64")
         outs = (self._out(1, self.block_size - 1), self._out(1, self.block_size - 1, self.top_k, dtype=np.int32),
                 self._out(1, self.block_size - 1, self.top_k, dtype=np.float32))
-        self.fn["draft_topk"](*self._draft_args(taps, ctx_start, n_valid, anchor, start),
-                              self._stage.arg(np.array([temperature], np.float32)), *outs)
+        args = self._draft_args(taps, ctx_start, n_valid, anchor, start)
+        if self._draft_suffix:
+            self.fn["draft_topk_sampled"](*args, *self._draft_sampling, *outs)
+        else:
+            self.fn["draft_topk"](*args, self._stage.arg(np.array([temperature], np.float32)), *outs)
         draft, ids, lps = (self._read(o) for o in outs)
         return [int(t) for t in draft[0]], ids[0], lps[0]

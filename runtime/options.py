@@ -97,11 +97,16 @@ class Seams:
     fused_round: run each round as one `verify_draft` call when the artifacts have it (not with a
         proposer or draft_top_k); False: a `draft` call and a `verify` call. The tokens are the
         same either way; `exact` steps follow it (the graph a drafted request verifies with).
+    draft_noise: what a sampled request drafts with (dflash_iree.generation.DRAFT_NOISES):
+        "coupled" (the target's own keyed noise), or the benchmark's controls "greedy" and "other"
+        (another seed), which draft with separate `draft` calls (no fused round). The tokens are
+        the same for all three; only acceptance differs.
     """
 
     accept: Callable[[Sequence[int], Sequence[int]], int] = accept_length
     proposer: object = None
     fused_round: bool = True
+    draft_noise: str = "coupled"
 
 
 SEAM_NAMES = frozenset(f.name for f in fields(Seams))

@@ -133,7 +133,8 @@ def test_draft_top_k_is_the_only_extra_transfer(engine):
 @pytest.mark.parametrize("name", ["greedy", "t0.7-topk20-topp0.9"])
 def test_draft_top_k_leaves_decoding_unchanged(engine, name):
     """The same draft ids, hence the same tokens and accepted counts; per round k ids per drafted
-    position, best first, whose first id is the draft token (checked where the draft was kept)."""
+    position, best first. A greedy draft is the top id (checked where the draft was kept); a sampled
+    one is drafted with the target's noise (export/sampling.py draft_tokens), so need not be."""
     kw = _kw(SAMPLINGS[name])
     base = engine.generate(PROMPTS[0], 50, num_speculative_tokens=5, **kw)
     top = engine.generate(PROMPTS[0], 50, num_speculative_tokens=5, draft_top_k=3, **kw)
@@ -145,7 +146,8 @@ def test_draft_top_k_leaves_decoding_unchanged(engine, name):
         assert all(row[0] >= row[1] >= row[2] and row[0] <= 0 for row in lps)
         assert all(len(set(row)) == 3 and all(0 <= t < 512 for t in row) for row in ids)
         kept = top.accepted[r]
-        assert [row[0] for row in ids[:kept]] == top.tokens[at + 1:at + 1 + kept]
+        if name == "greedy":
+            assert [row[0] for row in ids[:kept]] == top.tokens[at + 1:at + 1 + kept]
         at += kept + 1
 
 

@@ -80,14 +80,19 @@ def position_weights(block_size: int, gamma: float, device=None) -> torch.Tensor
 
 
 def block_loss(logits: torch.Tensor, seq: torch.Tensor, anchors: torch.Tensor, valid_len: torch.Tensor,
-               gamma: float) -> tuple[torch.Tensor, dict]:
-    """Position-weighted cross-entropy of the drafts against the sequence's own next tokens.
+               gamma: float, soft: torch.Tensor | None = None, soft_weight: float = 0.0) -> tuple[torch.Tensor, dict]:
+    """Position-weighted cross-entropy of the drafts against the sequence's own next tokens and,
+    with `soft_weight` > 0, against the target's distribution of each of those tokens.
 
     Args:
         logits: float32 [S, A, B - 1, V] from block_logits.
         seq: int64 [S, L]; valid_len: int64 [S], labels at positions >= valid_len are ignored.
         anchors: int64 [S, A].
         gamma: decay of the position weights.
+        soft: float32 [S, A, B - 1, V], the target's logits for the same positions (T = 1), or None.
+        soft_weight: loss = (1 - w) * CE(labels) + w * CE(softmax(soft)): distillation of the
+            target's distribution (DistillSpec, Zhou et al. 2023), what a drafter needs to propose
+            the target's own *sample* with shared noise (coupled drafting, export/sampling.py).
 
     Returns:
         loss (scalar), and stats as device tensors: "acc" [B - 1], per-position accuracy, and
@@ -100,6 +105,9 @@ def block_loss(logits: torch.Tensor, seq: torch.Tensor, anchors: torch.Tensor, v
     valid = pos < valid_len[:, None, None]
     labels = seq.gather(1, pos.clamp(max=L - 1).reshape(S, -1)).view(S, A, Bm1)
     ce = F.cross_entropy(logits.reshape(-1, V), labels.reshape(-1), reduction="none").view(S, A, Bm1)
+    if soft is not None and soft_weight > 0:
+        soft_ce = -(torch.softmax(soft, -1) * torch.log_softmax(logits, -1)).sum(-1)
+        ce = (1 - soft_weight) * ce + soft_weight * soft_ce
     w = position_weights(Bm1 + 1, gamma, seq.device) * valid
     loss = (ce * w).sum() / w.sum().clamp(min=1e-6)
     with torch.no_grad():  # stays on the device: no sync per step

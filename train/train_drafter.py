@@ -3,8 +3,9 @@
     python3 train/train_drafter.py --data .train-data --target $OUT/target --out $OUT --seed 0
 
 1. Data: the drafter must predict what the *target* will say, so it learns from the target's own
-   greedy continuations (--new-tokens each, KV-cached `export.qwen3.Qwen3`, prompts of different
-   lengths batched). Half the prompts are function headers + docstrings of the train files
+   continuations (--new-tokens each, KV-cached `export.qwen3.Qwen3`, prompts of different
+   lengths batched): greedy, and with --sampled F that fraction of the batches sampled at T = 1
+   (what the target says when a request samples). Half the prompts are function headers + docstrings of the train files
    (the form of bench/prompts/code.jsonl), half random windows of the train stream. Labels after
    a generated <|endoftext|> are void (decoding stops there). The held-out files' function
    prompts, continued the same way, measure progress.
@@ -12,9 +13,12 @@
    decoder layers TAP_LAYERS), kept on the GPU.
 3. Training: per step, --batch sequences and --anchors random anchors in each sequence's
    generated part; drafter_forward.block_logits runs all blocks at once, loss = cross-entropy at
-   block positions 1..B-1 weighted by exp(-(k-1)/gamma). Both drafters train in the same loop
-   on the same sequences, each with its own AdamW.
-Writes OUT/drafter-b{B}/model.safetensors (bf16, step in metadata) at every eval and the log
+   block positions 1..B-1 weighted by exp(-(k-1)/gamma), mixed with --soft-weights w of the
+   cross-entropy against the target's own distribution at those positions (its logits are the lm_head
+   of the last tap, the final-norm hidden state; drafter_forward.block_loss). Every drafter (each
+   block size, times each soft weight) trains in the same loop on the same sequences, each with
+   its own AdamW.
+Writes OUT/drafter-b{B}/model.safetensors (OUT/drafter-b{B}-soft{w}/ with more than one weight) (bf16, step in metadata) at every eval and the log
 OUT/drafter_log.json. --resume DIR continues from such folders (Adam moments start fresh).
 """
 
@@ -48,8 +52,10 @@ def load_prompt_set(path: Path) -> list[torch.Tensor]:
 
 
 @torch.no_grad()
-def greedy_batch(make_target, prompts: list[torch.Tensor], new_tokens: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Continue prompts of different lengths greedily, all streams at once.
+def greedy_batch(make_target, prompts: list[torch.Tensor], new_tokens: int, device,
+                 gen: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Continue prompts of different lengths greedily (or, with `gen`, sampled at T = 1 from it),
+    all streams at once.
 
     Prompts are right-padded to the longest (T) and prefilled together; stream s then decodes at
     its own positions len_s, len_s + 1, ... (`start` is per stream). Pad rows in the KV cache sit
@@ -67,27 +73,37 @@ def greedy_batch(make_target, prompts: list[torch.Tensor], new_tokens: int, devi
         x[i, :len(p)] = p
     x = x.to(device)
     target = make_target(S, T + new_tokens)
-    chosen, _, _ = target(x, torch.zeros(S, dtype=torch.int64, device=device), read_len=T)
-    out = [chosen[torch.arange(S, device=device), lens - 1]]
+
+    rows = torch.arange(S, device=device)
+
+    def pick(chosen, logits, at):  # the token after row `at` of each stream
+        if gen is None:
+            return chosen[rows, at]
+        probs = torch.softmax(logits[rows, at].float(), -1)
+        return torch.multinomial(probs, 1, generator=gen)[:, 0]
+
+    out = [pick(*target(x, torch.zeros(S, dtype=torch.int64, device=device), read_len=T)[:2], lens - 1)]
     for i in range(1, new_tokens):
-        chosen, _, _ = target(out[-1][:, None], lens + i - 1, read_len=T + i)
-        out.append(chosen[:, 0])
+        out.append(pick(*target(out[-1][:, None], lens + i - 1, read_len=T + i)[:2], 0))
     seq = torch.full((S, T + new_tokens), EOS_ID, dtype=torch.int64, device=device)
     seq[:, :T] = x
     seq.scatter_(1, lens[:, None] + torch.arange(new_tokens, device=device), torch.stack(out, 1))
     return seq, lens
 
 
-def greedy_pool(make_target, batches: list[list[torch.Tensor]], new_tokens: int, device) -> dict[str, torch.Tensor]:
-    """Greedy continuations of every prompt batch, padded to one length.
+def greedy_pool(make_target, batches: list[list[torch.Tensor]], new_tokens: int, device, sampled: float = 0.0,
+                gen: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+    """Continuations of every prompt batch, padded to one length: greedy, and sampled at T = 1
+    (from `gen`) for every batch i with floor((i + 1) * sampled) > floor(i * sampled).
 
     Returns:
         seq int64 [n, L]; prompt_len int64 [n]; valid_len int64 [n]: prompt_len + new_tokens,
         or one past the first generated <|endoftext|> (decoding stops there; later labels are void).
     """
     seqs, lens = [], []
-    for prompts in batches:
-        seq, plen = greedy_batch(make_target, prompts, new_tokens, device)
+    for i, prompts in enumerate(batches):
+        sample = int((i + 1) * sampled) > int(i * sampled)
+        seq, plen = greedy_batch(make_target, prompts, new_tokens, device, gen if sample else None)
         seqs.append(seq)
         lens.append(plen)
     L = max(s.shape[1] for s in seqs)
@@ -136,11 +152,26 @@ def sample_anchors(prompt_len: torch.Tensor, valid_len: torch.Tensor, count: int
     return lo[:, None] + (u * (hi - lo + 1)[:, None]).long().clamp(max=(hi - lo)[:, None])
 
 
-def run_blocks(drafter, target, pool, taps, idx, anchors, B, amp):
+def target_logits(target: Qwen3, taps: torch.Tensor, anchors: torch.Tensor, B: int) -> torch.Tensor:
+    """float32 [S, A, B - 1, V]: the target's logits for block positions 1..B-1 of each anchor's
+    block, from the last tap (the final-norm hidden state) of the rows before them."""
+    H = target.cfg.hidden_size
+    rows = anchors[..., None] + torch.arange(0, B - 1, device=anchors.device)  # row p predicts p + 1
+    S, A, _ = rows.shape
+    rows = rows.clamp(max=taps.shape[1] - 1).reshape(S, -1)
+    h = taps[..., -H:].gather(1, rows[..., None].expand(-1, -1, H))
+    return target.lm_head(h.to(target.dtype)).float().view(S, A, B - 1, -1)
+
+
+def run_blocks(drafter, target, pool, taps, idx, anchors, B, amp, soft_weight: float = 0.0):
     seq = pool["seq"][idx]
     with torch.autocast(seq.device.type, dtype=torch.bfloat16, enabled=amp):
         logits = block_logits(drafter, target, taps[idx], seq, anchors, B)
-    return block_loss(logits, seq, anchors, pool["valid_len"][idx], GAMMA.get(B, B / 2))
+    soft = None
+    if soft_weight > 0:
+        with torch.no_grad():
+            soft = target_logits(target, taps[idx], anchors, B)
+    return block_loss(logits, seq, anchors, pool["valid_len"][idx], GAMMA.get(B, B / 2), soft, soft_weight)
 
 
 def main() -> None:
@@ -159,6 +190,10 @@ def main() -> None:
     ap.add_argument("--pool", type=int, default=32768, help="generated training sequences")
     ap.add_argument("--gen-batch", type=int, default=4096)
     ap.add_argument("--new-tokens", type=int, default=144, help="greedy tokens per prompt (eval: 128)")
+    ap.add_argument("--sampled", type=float, default=0.0, help="fraction of the prompt batches continued by "
+                    "sampling at T = 1 instead of greedily (the held-out set stays greedy)")
+    ap.add_argument("--soft-weights", default="0", help="comma-separated weights w of the target-distribution "
+                    "cross-entropy; one drafter per block size and weight")
     ap.add_argument("--window-lens", default="16,32,64,128,192", help="lengths of the random-window prompts")
     ap.add_argument("--eval-every", type=int, default=500)
     ap.add_argument("--time-limit", type=float, default=1e9,
@@ -195,7 +230,8 @@ def main() -> None:
     functions = load_prompt_set(data / "train_prompts.npz")
     windows = [int(p) for p in args.window_lens.split(",")]
     batches = prompt_batches(functions, stream, args.pool, args.gen_batch, windows, cpu_gen)
-    pool = greedy_pool(make_target, batches, args.new_tokens, device)
+    pool = greedy_pool(make_target, batches, args.new_tokens, device, args.sampled,
+                       torch.Generator(device=device).manual_seed(args.seed + 2))
     held = greedy_pool(make_target, [load_prompt_set(data / "heldout_prompts.npz")], args.new_tokens, device)
     log["pool"] = {"sequences": args.pool, "length": pool["seq"].shape[1], "train_function_prompts": len(functions),
                    "generated_tokens": int((pool["valid_len"] - pool["prompt_len"]).sum()),
@@ -206,18 +242,21 @@ def main() -> None:
     log["pool"]["taps_s"] = round(time.time() - t_start, 1)
     print(json.dumps(log["pool"]), flush=True)
 
+    weights_soft = [float(w) for w in args.soft_weights.split(",")]
+    # name -> (block size, soft weight): drafter-b{B}, or drafter-b{B}-soft{w} beside other weights
+    variants = {f"b{B}" + (f"-soft{w:g}" if len(weights_soft) > 1 else ""): (B, w) for B in blocks for w in weights_soft}
     drafters, opts, first_step = {}, {}, 0
-    for B in blocks:
+    for name, (B, _) in variants.items():
         _, dcfg = parse_configs(B)
         d = DFlashDrafter(dcfg, pool["seq"].shape[1] + B, B, dtype=torch.float32, device=device)
         init_weights(d, dcfg.num_hidden_layers)
         if args.resume:
-            folder = Path(args.resume) / f"drafter-b{B}"
+            folder = Path(args.resume) / f"drafter-{name}"
             d.load_state_dict({k: v.float() for k, v in load_tensors(folder).items()}, strict=False)
             first_step = int(file_metadata(folder).get("step", 0))
-        opts[B] = adamw(d, args.lr, args.weight_decay, fused=amp)
-        drafters[B] = d
-    log["drafter_params"] = sum(p.numel() for p in drafters[blocks[0]].parameters())
+        opts[name] = adamw(d, args.lr, args.weight_decay, fused=amp)
+        drafters[name] = d
+    log["drafter_params"] = sum(p.numel() for p in next(iter(drafters.values())).parameters())
 
     eval_gen = torch.Generator(device=device).manual_seed(args.seed + 1)
     n_eval = held["seq"].shape[0]
@@ -227,26 +266,26 @@ def main() -> None:
     def step(clock: int) -> dict:
         idx = torch.randint(0, args.pool, (args.batch,), generator=gen, device=device)
         stats = {}
-        for B in blocks:
+        for name, (B, w) in variants.items():
             anchors = sample_anchors(pool["prompt_len"][idx], pool["valid_len"][idx], args.anchors, gen)
-            loss, st = run_blocks(drafters[B], target, pool, taps, idx, anchors, B, amp)
-            optimizer_step(opts[B], drafters[B], loss, lr_at(clock, args.steps, args.lr, args.warmup))
-            stats[B] = (loss.detach(), st["tau"])
+            loss, st = run_blocks(drafters[name], target, pool, taps, idx, anchors, B, amp, w)
+            optimizer_step(opts[name], drafters[name], loss, lr_at(clock, args.steps, args.lr, args.warmup))
+            stats[name] = (loss.detach(), st["tau"])
         return stats
 
     def evaluate(done: int, stats: dict) -> None:
         entry = {"step": done, "elapsed_s": round(time.time() - t_start, 1),
                  "s_per_step": round((time.time() - t_loop) / (done - first_step), 4)}
-        for B in blocks:
-            d = drafters[B].eval()
+        for name, (B, _) in variants.items():
+            d = drafters[name].eval()
             with torch.no_grad():
                 idx_e = torch.arange(n_eval, device=device)
                 hl, hs = run_blocks(d, target, held, held_taps, idx_e, eval_anchors, B, amp)
             d.train()
-            entry[f"b{B}"] = {"train_loss": round(float(stats[B][0]), 4), "train_tau": round(float(stats[B][1]), 3),
+            entry[name] = {"train_loss": round(float(stats[name][0]), 4), "train_tau": round(float(stats[name][1]), 3),
                               "heldout_loss": round(float(hl), 4), "heldout_tau": round(float(hs["tau"]), 3),
                               "heldout_acc": [round(a, 3) for a in hs["acc"].tolist()]}
-            save_sharded(param_state(d), out / f"drafter-b{B}",
+            save_sharded(param_state(d), out / f"drafter-{name}",
                          metadata={"step": done, "seed": args.seed, "heldout_tau_est": float(hs["tau"])})
         log["evals"].append(entry)
         log.update(last_step=done, wall_s=round(time.time() - t_start, 1))
