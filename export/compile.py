@@ -39,7 +39,7 @@ from dflash_iree.export.splice import splice_file
 from dflash_iree.manifest import COMPUTE_DTYPES, FORMAT_VERSION, KV_PAGE, MANIFEST_FILE, MODULE_FILE, Manifest  # noqa: F401
 
 DEFAULT_CONTEXT = 4096
-# `pages` is a dynamic dim 1..max_context / KV_PAGE (export/aot.py ExportShapes.dims), and
+# `pages` is a dynamic dim 1..max_context / KV_PAGE (export/entry_points.py ExportShapes.dims), and
 # torch.export.Dim refuses min == max ("inconsistent min=1, max=1"): at least two pages of 32 rows
 MIN_CONTEXT = 64
 DEFAULT_DRAFT_TOP_K = 8  # K of the draft_topk entry point; 0 compiles none
@@ -165,7 +165,7 @@ def export_mlir(p: Plan, path: str | Path, log=None) -> Path:
 
 # What the export reads besides torch and the configs (keys of the export cache): export/ files, and
 # the shared modules whose values it bakes in (shapes and page size, dtype names, config parsing).
-_EXPORT_SOURCES = ("aot.py", "qwen3.py", "dflash.py", "sampling.py", "ops.py", "mlir.py")
+_EXPORT_SOURCES = ("aot.py", "entry_points.py", "qwen3.py", "dflash.py", "sampling.py", "ops.py", "mlir.py")
 _SHARED_SOURCES = ("config", "manifest")  # dflash_iree modules
 
 

@@ -1,6 +1,6 @@
 """One compiled module on one device: typed calls to its entry points for a single stream.
 
-Entry points (export/aot.py): `prefill`, `verify`, `decode`, `verify_draft`, `draft` (each also
+Entry points (export/entry_points.py): `prefill`, `verify`, `decode`, `verify_draft`, `draft` (each also
 `*_sampled`: the target samples with keyed noise, the drafter drafts with the same noise), `absorb`,
 and `draft_topk` (also `draft_topk_sampled`) when the artifacts were compiled with
 `--draft-top-k K` (K >= 1). Every call passes `pages`, an int8 vector whose length bounds the KV cache rows that attention reads

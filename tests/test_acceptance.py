@@ -50,7 +50,7 @@ def _device_rule_disagreements(rule) -> int:
 
 
 def test_device_count_is_accept_length():
-    from dflash_iree.export.aot import accepted_drafts
+    from dflash_iree.export.entry_points import accepted_drafts
 
     assert _device_rule_disagreements(accepted_drafts) == 0
 
