@@ -87,10 +87,7 @@ def plan(target_dir: str | Path, drafter_dir: str | Path, block_size: int | None
 
     tcfg = load_target_config(target_dir)
     dcfg = load_drafter_config(drafter_dir, tcfg)
-    block = dcfg.block_size if block_size is None else block_size
-    if not 2 <= block <= dcfg.block_size:
-        raise DFlashError(f"--block-size {block} is out of range: use 2..{dcfg.block_size} "
-                          f"(the drafter's trained block_size)")
+    block = dcfg.block(block_size, "--block-size")
     limit = tcfg.max_position_embeddings
     if max_context is None:  # 4096, or less when the target was trained on less (vLLM's max_model_len default)
         max_context = min(DEFAULT_CONTEXT, limit - limit % KV_PAGE)
