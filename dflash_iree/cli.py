@@ -63,6 +63,8 @@ def _decode(target_dir: str, ids: list[int]) -> str | None:
 
 
 def cmd_eager(args) -> int:
+    """Decode with the eager PyTorch reference, plain or DFlash; prints the text (token ids without a
+    tokenizer) and τ on stderr, or tokens and stats with --json."""
     try:
         import torch  # noqa: F401
     except ImportError:
