@@ -14,6 +14,7 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from . import validate
 from .errors import DFlashError
 from .manifest import CONFIG_DTYPES as DTYPES  # a config's torch_dtype -> short name
 
@@ -76,6 +77,21 @@ class DrafterConfig(LayerShape):
     @property
     def num_taps(self) -> int:
         return len(self.target_layer_ids)
+
+    def block(self, requested: int | None, option: str = "block_size") -> int:
+        """The verify block to build for: `requested`, or the trained block_size when None.
+
+        The one range check of a block size: compile's plan and the eager loader both ask here, and
+        what they return travels on (Plan, DFlashDrafter, the manifest) without being checked again.
+        option: the name to refuse it by ("--block-size" from the command line).
+
+        Raises:
+            DFlashError: not an integer, or outside 2..block_size (a block holds the anchor and at
+                least one draft; the drafter was trained to fill at most block_size).
+        """
+        if requested is None:
+            return self.block_size
+        return validate.integer(requested, option, 2, self.block_size, fix=" (the drafter's trained block_size)")
 
     def to_dict(self) -> dict:
         d = asdict(self)

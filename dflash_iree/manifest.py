@@ -84,7 +84,7 @@ def _inconsistency(data: dict) -> str | None:
         return f"driver '{data['driver']}' is not one of {', '.join(DRIVERS)}"
     if data["dtype"] not in COMPUTE_DTYPES:
         return f"dtype '{data['dtype']}' is not one of {', '.join(COMPUTE_DTYPES)}"
-    for name in ("max_context", "kv_page", "streams"):  # block_size's range is compile's (export/compile.py plan)
+    for name in ("max_context", "kv_page", "streams"):  # block_size's range: DrafterConfig.block, at compile
         if data[name] < 1:
             return f"{name} {data[name]} is out of range"
     if data["module"] not in data["files"]:

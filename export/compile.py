@@ -9,7 +9,8 @@ several archs):
   export (export/splice.py: the arch's kernels, or IREE's own ops where the arch's rules say so),
   runs iree-compile (export/iree_tool.py) and writes `dflash.vmfb` and `manifest.json`
   (dflash_iree/manifest.py) into a temporary folder beside the destination, then renames it into
-  place, so an interrupted compile leaves no half artifact.
+  place, so an interrupted compile leaves no half artifact (export/out_folder.py, which also
+  refuses an `--out` that is not an earlier artifact folder).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from dflash_iree.arch import (ALIASES, ARCHS, GPU_OPT, RECORD_HOST_FLAGS, Arch, 
 from dflash_iree.checkpoint import sha256_file
 from dflash_iree.config import DrafterConfig, TargetConfig, config_hash, load_drafter_config, load_target_config
 from dflash_iree.errors import DFlashError
+from dflash_iree.export import out_folder
 from dflash_iree.export.iree_tool import iree_compile_tool, run_iree_compile, scheduling_stats
 from dflash_iree.export.splice import splice_file
 from dflash_iree.manifest import COMPUTE_DTYPES, FORMAT_VERSION, KV_PAGE, MANIFEST_FILE, MODULE_FILE, Manifest  # noqa: F401
@@ -87,10 +89,7 @@ def plan(target_dir: str | Path, drafter_dir: str | Path, block_size: int | None
 
     tcfg = load_target_config(target_dir)
     dcfg = load_drafter_config(drafter_dir, tcfg)
-    block = dcfg.block_size if block_size is None else block_size
-    if not 2 <= block <= dcfg.block_size:
-        raise DFlashError(f"--block-size {block} is out of range: use 2..{dcfg.block_size} "
-                          f"(the drafter's trained block_size)")
+    block = dcfg.block(block_size, "--block-size")
     limit = tcfg.max_position_embeddings
     if max_context is None:  # 4096, or less when the target was trained on less (vLLM's max_model_len default)
         max_context = min(DEFAULT_CONTEXT, limit - limit % KV_PAGE)
@@ -302,13 +301,9 @@ def lower(p: Plan, arch_name: str, mlir: str | Path, out_dir: str | Path, log=No
     log = log or Progress()
     arch, note = resolve_arch(arch_name)
     out = Path(out_dir)
-    _check_destination(out)
+    out_folder.check_destination(out)
     flags = compile_flags(arch, record)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    stage.chmod(0o777 & ~umask)  # mkdtemp makes it private; the artifact folder is an ordinary one
+    stage = out_folder.stage_beside(out)
     try:
         vmfb = stage / MODULE_FILE
         stats_file = stage / "stats.csv"
@@ -330,53 +325,11 @@ def lower(p: Plan, arch_name: str, mlir: str | Path, out_dir: str | Path, log=No
         stats["module_bytes"] = vmfb.stat().st_size
         m = manifest(p, arch, flags, stats, files, arch_name, note, compile_s, splice_flags, replaced, out=out)
         (stage / MANIFEST_FILE).write_text(m.dumps())
-        _replace(stage, out)
+        out_folder.replace(stage, out)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
     return m
-
-
-def _check_destination(out: Path) -> None:
-    """Refuse an `--out` that is not ours to replace: a file, or a folder holding anything but a
-    manifest and the files that manifest lists (the user's notes, results or a second model)."""
-    if out.is_symlink():
-        raise DFlashError(f"--out {out} is a symbolic link (to {os.readlink(out)}); a compile replaces the folder "
-                          f"whole, so give the folder itself: --out {out.resolve()}")
-    if not out.exists():
-        return
-    if not out.is_dir():
-        raise DFlashError(f"--out {out} is a file, not an artifact folder; choose another --out")
-    entries = sorted(p.name for p in out.iterdir())
-    if not entries:
-        return
-    if MANIFEST_FILE not in entries:
-        raise DFlashError(f"{out} exists and is not an artifact folder (no {MANIFEST_FILE}); choose another --out")
-    try:
-        listed = json.loads((out / MANIFEST_FILE).read_text())["files"]
-        ours = {MANIFEST_FILE, *listed}
-    except (OSError, ValueError, KeyError, TypeError):
-        raise DFlashError(f"{out / MANIFEST_FILE} is unreadable or has no 'files' list, so the folder's files cannot "
-                          f"be told from yours; choose another --out, or empty {out}") from None
-    foreign = [name for name in entries if name not in ours]
-    if foreign:
-        shown = ", ".join(foreign[:8]) + (f" and {len(foreign) - 8} more" if len(foreign) > 8 else "")
-        raise DFlashError(f"{out} holds files that its {MANIFEST_FILE} does not list ({shown}); a compile replaces "
-                          f"the whole folder, so move them out or choose another --out")
-
-
-def _replace(stage: Path, out: Path) -> None:
-    """Move the finished stage folder to `out`, replacing an earlier artifact folder (checked again
-    here, just before, so that a file put there during the compile is not lost)."""
-    _check_destination(out)
-    if out.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
-        old.rmdir()
-        out.rename(old)
-        stage.rename(out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        stage.rename(out)
 
 
 def compile_artifacts(arch: str, target_dir, drafter_dir, out_dir=None, block_size: int | None = None,
@@ -398,7 +351,7 @@ def compile_artifacts(arch: str, target_dir, drafter_dir, out_dir=None, block_si
     if out_dir is not None and not str(out_dir).strip():
         raise DFlashError("--out is empty; give a folder, or leave --out out for compiled/ARCH")
     out = Path(out_dir) if out_dir is not None else Path("compiled") / resolved.name
-    _check_destination(out)
+    out_folder.check_destination(out)
     iree_compile_tool()
     log(f"configs: target {p.target.num_hidden_layers} layers, hidden {p.target.hidden_size}, vocab "
         f"{p.target.vocab_size}; drafter {p.drafter.num_hidden_layers} layers, taps {list(p.drafter.target_layer_ids)}; "

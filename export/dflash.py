@@ -50,17 +50,17 @@ class DFlashDrafter(nn.Module):
     Args:
         cfg: the drafter config (checked against the target by `load_drafter_config`).
         max_context: context cache length in tokens; must equal the target's.
-        block_size: B, the verify block (anchor + B - 1 drafts); 2..cfg.block_size.
+        block_size: B, the verify block (anchor + B - 1 drafts), as DrafterConfig.block gave it.
         streams: leading stream dimension S (1 for now).
         dtype, device, attention: as for `Qwen3`.
     """
 
-    def __init__(self, cfg: DrafterConfig, max_context: int, block_size: int | None = None, streams: int = 1,
+    def __init__(self, cfg: DrafterConfig, max_context: int, block_size: int, streams: int = 1,
                  dtype=torch.float32, device=None, attention: str = "fused"):
         super().__init__()
         self.cfg = cfg
         self.max_context = max_context
-        self.block_size = block_size or cfg.block_size
+        self.block_size = block_size
         self.fc = nn.Linear(cfg.num_taps * cfg.hidden_size, cfg.hidden_size, bias=False, dtype=dtype, device=device)
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
         self.layers = nn.ModuleList(DrafterLayer(cfg, dtype, device, attention) for _ in range(cfg.num_hidden_layers))

@@ -92,7 +92,8 @@ def load_pair(target_folder: str | Path, drafter_folder: str | Path, max_context
     """Target and drafter, checked against each other; the target taps the drafter's layers.
 
     Args:
-        block_size: verify block size, 2..the drafter's trained block_size; default the trained one.
+        block_size: verify block size, 2..the drafter's trained block_size; None: the trained one
+            (DrafterConfig.block).
 
     Raises:
         DFlashError: bad configs or checkpoints, a drafter that does not fit the target, or a
@@ -100,9 +101,7 @@ def load_pair(target_folder: str | Path, drafter_folder: str | Path, max_context
     """
     tcfg = load_target_config(target_folder)
     dcfg = load_drafter_config(drafter_folder, tcfg)
-    block = block_size or dcfg.block_size
-    if not 2 <= block <= dcfg.block_size:
-        raise DFlashError(f"block_size {block} is out of range: use 2..{dcfg.block_size} (the drafter's trained block_size)")
+    block = dcfg.block(block_size)
     target = load_target(target_folder, max_context, dtype, dcfg.target_layer_ids, streams)
     with torch.device("meta"):
         drafter = DFlashDrafter(dcfg, max_context, block, streams, torch_dtype(dtype or tcfg.dtype))

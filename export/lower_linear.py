@@ -36,7 +36,7 @@ GEMM_MIN_M = 2
 # Below this a weight's bytes take under a microsecond at the H200's bandwidth, less than the few µs
 # a custom dispatch costs in IREE, and IREE's own matmul fuses with its neighbours: on the demo pair
 # (384-wide layers) the drafted arm ran 1849 tok/s with the floor against 1633 without
-# (experiments/2026-11-30-one-call-rounds/demo_rounds.py, experiments/2026-11-30-one-call-rounds/). Every Qwen3-8B weight is above it.
+# (experiments/2026-11-30-one-call-rounds/). Every Qwen3-8B weight is above it.
 GEMM_MIN_WEIGHT_BYTES = 4 << 20
 LINEAR_OPS = (LINEAR_OP, LINEAR_RESIDUAL_OP, LINEAR_SWIGLU_OP)
 _BF16_2D = re.compile(r"tensor<(\d+)x(\d+)xbf16>")

@@ -22,9 +22,11 @@ from typing import Protocol
 
 import torch
 
+from dflash_iree import validate
 from dflash_iree.acceptance import accept_length, check_fits, commit_round
 from dflash_iree.errors import DFlashError
 from dflash_iree.generation import DRAFT_NOISES, OTHER_DRAFT_SEED, GenerationResult
+from dflash_iree.runtime.options import GenerateOptions
 
 from .dflash import DFlashDrafter
 from .qwen3 import Qwen3
@@ -33,20 +35,24 @@ from .sampling import Sampling
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """User sampling settings: temperature 0 is greedy; top_k 0 and top_p 1.0 disable the cuts."""
+    """User sampling settings: temperature 0 is greedy; top_k 0 and top_p 1.0 disable the cuts.
 
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
+    The defaults are GenerateOptions' and the checks the runtime's (dflash_iree/validate.py
+    `sampling`, the same messages), so that the reference refuses what the engine refuses.
+
+    Raises (on construction):
+        DFlashError: a setting out of range or of the wrong type.
+    """
+
+    temperature: float = GenerateOptions.temperature
+    top_k: int = GenerateOptions.top_k
+    top_p: float = GenerateOptions.top_p
+    seed: int = GenerateOptions.seed
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise DFlashError(f"temperature {self.temperature} is negative; use 0 (greedy) or more")
-        if self.top_k < 0:
-            raise DFlashError(f"top_k {self.top_k} is negative; use 0 (off) or more")
-        if not 0.0 < self.top_p <= 1.0:
-            raise DFlashError(f"top_p {self.top_p} is out of range; use a value in (0, 1]")
+        checked = validate.sampling(self.temperature, self.top_k, self.top_p, self.seed, None)
+        for name, value in zip(("temperature", "top_k", "top_p", "seed"), checked):
+            object.__setattr__(self, name, value)  # frozen: the checked, normalised value
 
     def tensors(self) -> Sampling | None:
         """Per-stream tensors for one stream, or None when greedy."""

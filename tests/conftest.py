@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-from tiny import make_drafter, make_target  # noqa: E402
+from tiny import make_drafter, make_target
 
 
 @pytest.fixture(scope="session")

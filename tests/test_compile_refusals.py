@@ -14,6 +14,7 @@ import pytest
 from dflash_iree.cli import main
 from dflash_iree.errors import DFlashError
 from dflash_iree.export import compile as cc
+from dflash_iree.export import out_folder
 
 CONTEXT = 256  # tiny max_context
 
@@ -122,7 +123,7 @@ def test_refuses_an_artifact_folder_whose_manifest_cannot_list_its_files(tmp_pat
     (out / "manifest.json").write_text(manifest_text)
     (out / "dflash.vmfb").write_text("module")
     with pytest.raises(DFlashError, match=r"manifest.json is unreadable or has no 'files' list"):
-        cc._check_destination(out)
+        out_folder.check_destination(out)
 
 
 def test_a_file_put_into_the_folder_during_the_compile_is_not_lost(tmp_path):
@@ -132,10 +133,10 @@ def test_a_file_put_into_the_folder_during_the_compile_is_not_lost(tmp_path):
     (stage / "manifest.json").write_text(json.dumps({"files": {}}))
     (out / "late.txt").write_text("mine")  # after the check at the start of the compile
     with pytest.raises(DFlashError, match="late.txt"):
-        cc._replace(stage, out)
+        out_folder.replace(stage, out)
     assert (out / "late.txt").read_text() == "mine" and (out / "dflash.vmfb").exists()
     (out / "late.txt").unlink()
-    cc._replace(stage, out)  # only ours: replaced
+    out_folder.replace(stage, out)  # only ours: replaced
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json"]
 
 

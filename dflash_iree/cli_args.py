@@ -1,0 +1,137 @@
+"""The `dflash-iree` argument parser: every subcommand's options, and their defaults.
+
+The runtime subcommands' defaults (max_new_tokens and the sampling settings) are GenerateOptions'
+own (runtime/options.py), read from its fields, so that the command line and the Python API cannot
+drift apart. dflash_iree/cli.py runs what the parser names.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields
+
+from .arch import ALIASES, ARCHS
+from .manifest import COMPUTE_DTYPES
+from dflash_iree.runtime.options import GenerateOptions
+
+DEFAULTS = {f.name: f.default for f in fields(GenerateOptions)}
+
+
+def _runtime_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of every subcommand that runs compiled artifacts (generate, bench, demo)."""
+    p.add_argument("--artifacts", default="compiled/host", help="folder written by dflash-iree compile")
+    p.add_argument("--target", help="target checkpoint folder (default: the one in the manifest)")
+    p.add_argument("--drafter", help="drafter checkpoint folder (default: the one in the manifest)")
+    p.add_argument("--device", help="IREE device: local-task, cuda, cuda://1, hip (default: the arch's)")
+    p.add_argument("--max-new-tokens", type=int, default=DEFAULTS["max_new_tokens"], help="new tokens to generate "
+                   "(default %(default)s)")
+    _encoding_argument(p)
+
+
+_SAMPLING_HELP = {
+    "temperature": (float, "0 is greedy; otherwise a sample keyed by (seed, position)"),
+    "top_k": (int, "keep the k most likely tokens; 0: no cut"),
+    "top_p": (float, "keep the smallest set of tokens of this mass; 1.0: no cut"),
+    "seed": (int, "key of the sample (its low 32 bits)"),
+}
+
+
+def _sampling_arguments(p: argparse.ArgumentParser, names=tuple(_SAMPLING_HELP)) -> None:
+    """--temperature, --top-k, --top-p, --seed (or those of `names`), defaulting as GenerateOptions."""
+    for name in names:
+        kind, what = _SAMPLING_HELP[name]
+        p.add_argument(f"--{name.replace('_', '-')}", type=kind, default=DEFAULTS[name],
+                       help=f"{what} (default %(default)s)")
+
+
+def _encoding_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--encoding", default="utf-8", help="encoding of --prompt, --stop and prompt files "
+                   "(default utf-8; bytes that are not valid in it are refused)")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors as one line (the option and what is wrong, `--help` for the usage),
+    exit status 2, as every other refusal."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `dflash-iree` parser; `args.command` names the subcommand (dflash_iree/cli.py COMMANDS runs it)."""
+    from dflash_iree import __version__
+
+    p = _Parser(prog="dflash-iree", description="AOT-compiled DFlash speculative decoding on IREE")
+    p.add_argument("--version", action="version", version=f"dflash-iree {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="decode with compiled artifacts (plain or DFlash)")
+    _runtime_arguments(g)
+    g.add_argument("--prompt", help="prompt text")
+    g.add_argument("--prompt-ids", help="prompt token ids, space or comma separated")
+    g.add_argument("--chat", action="store_true", help="render --prompt as a user message with the chat template")
+    _sampling_arguments(g)
+    g.add_argument("--num-speculative-tokens", type=int, help="draft depth, 1..block_size-1 (default: all)")
+    g.add_argument("--stop", action="append", help="stop string (repeatable)")
+    g.add_argument("--no-draft", action="store_true", help="plain decoding")
+    g.add_argument("--exact", action="store_true", help="plain decoding through the verify graph (bit-exact vs drafted)")
+    g.add_argument("--draft-top-k", type=int, default=0, metavar="K",
+                   help="also return the drafter's K best ids and log-probs at every drafted position, per round "
+                        "(1..the artifacts' compiled K; printed to stderr, or under \"draft_top_k\" with --json)")
+    g.add_argument("--json", action="store_true", help="print tokens, text and stats as JSON")
+    g.add_argument("--quiet", action="store_true", help="no summary line (tokens, τ, tok/s, ms) on stderr after the text")
+
+    b = sub.add_parser("bench", help="plain against drafted on a prompt file, alternated A B A B")
+    _runtime_arguments(b)
+    b.add_argument("--prompts", required=True, help="JSONL file with a \"prompt\" field per line")
+    b.add_argument("--limit", type=int, help="use the first N prompts")
+    _sampling_arguments(b, ("temperature", "seed"))
+    b.add_argument("--runs", type=int, default=1)
+    b.add_argument("--json", help="write the results as JSON to this file")
+    b.add_argument("--plot", help="draw the τ histogram and tok/s to this PNG (needs matplotlib)")
+    b.add_argument("--quiet", action="store_true", help="no per-prompt lines")
+
+    d = sub.add_parser("demo", help="one held-out prompt, plain and drafted: text, τ and tok/s")
+    _runtime_arguments(d)
+    d.add_argument("--prompts", default="bench/prompts/code.jsonl")
+    d.add_argument("--index", type=int, default=0, help="which prompt of the file")
+
+    e = sub.add_parser("eager", help="decode with the eager PyTorch reference (plain or DFlash)")
+    e.add_argument("--target", required=True, help="Qwen3 checkpoint folder")
+    e.add_argument("--drafter", help="DFlash drafter checkpoint folder (omit for plain decoding)")
+    e.add_argument("--prompt", help="prompt text (tokenized with the target's tokenizer.json)")
+    e.add_argument("--prompt-ids", help="prompt token ids, space or comma separated")
+    e.add_argument("--max-new-tokens", type=int, default=64)
+    e.add_argument("--max-context", type=int, help="KV cache length in tokens (default 4096, or the target's "
+                   "max_position_embeddings when it is smaller)")
+    e.add_argument("--dtype", choices=COMPUTE_DTYPES, help="default: the config's torch_dtype")
+    e.add_argument("--block-size", type=int, help="default: the drafter's trained block_size")
+    _sampling_arguments(e)
+    e.add_argument("--no-draft", action="store_true", help="plain decoding even with --drafter")
+    e.add_argument("--json", action="store_true", help="print tokens and stats as JSON")
+    _encoding_argument(e)
+
+    c = sub.add_parser("compile", help="export target + drafter and compile them to compiled/ARCH (vmfb + manifest)")
+    c.add_argument("--arch", default="host", help=f"{', '.join(ARCHS)}, or an alias: {', '.join(ALIASES)} "
+                   "(default: host)")
+    c.add_argument("--target", required=True, help="Qwen3 checkpoint folder (only config.json is read)")
+    c.add_argument("--drafter", required=True, help="DFlash drafter checkpoint folder (only config.json is read)")
+    c.add_argument("--out", help="output folder (default: compiled/ARCH)")
+    c.add_argument("--block-size", type=int, help="verify block, 2..the drafter's trained block_size (default)")
+    c.add_argument("--max-context", type=int, help="KV cache length in tokens (default 4096, or the target's "
+                   "max_position_embeddings when smaller)")
+    c.add_argument("--dtype", choices=COMPUTE_DTYPES, help="default: the target config's torch_dtype")
+    c.add_argument("--streams", type=int, default=1, help="leading stream dimension of every entry point; "
+                   "only 1 (the default) until the runtime serves several streams")
+    c.add_argument("--draft-top-k", type=int, default=8, metavar="K",
+                   help="K of the draft_topk entry point (the draft's top-K ids and log-probs, on the device), "
+                        "1..64; 0 compiles none (default 8)")
+    c.add_argument("--no-export-cache", action="store_true",
+                   help="export afresh and keep no copy (default: reuse an identical export from ~/.cache/dflash-iree, "
+                        "or $DFLASH_IREE_CACHE)")
+
+    from dflash_iree.kernels.topk.check import add_arguments as topk_check_arguments
+
+    t = sub.add_parser("topk-check", help="build, run and score the draft top-K dispatch's parity cases")
+    topk_check_arguments(t)
+    return p
