@@ -210,12 +210,59 @@ def out_lock(out: str | Path):
         os.close(fd)
 
 
-def _available_bytes(driver: str) -> int | None:
-    """Memory this process can still allocate on a CPU device: the least of the host's
-    MemAvailable, its cgroup's memory.max - memory.current, and its address-space limit
-    (RLIMIT_AS) less its current size. None for GPUs (the host cannot tell)."""
-    if driver != "local-task":
+def _available_bytes(device: str, sysfs: Path = Path("/sys")) -> int | None:
+    """Bytes this process can still allocate on `device` (an IREE device name: "local-task",
+    "cuda", "cuda://1", "hip://0"), or None where that cannot be told.
+
+    local-task: the least of the host's MemAvailable, its cgroup's memory.max - memory.current, and
+    its address-space limit (RLIMIT_AS) less its current size. cuda: nvidia-smi's memory.free of
+    the GPU. hip: the amdgpu driver's mem_info_vram_total - mem_info_vram_used under `sysfs`
+    (class/drm/cardN/device). A device index counts the visible devices (CUDA_ / HIP_VISIBLE_DEVICES).
+    """
+    driver, _, path = device.partition("://")
+    if driver in ("local-task", "local-sync"):
+        return _host_available()
+    if driver not in ("cuda", "hip") or not (path or "0").isdigit():
         return None
+    index = int(path or 0)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES" if driver == "cuda" else "HIP_VISIBLE_DEVICES")
+    if visible is not None:  # index counts the visible devices; the tools below count all of them
+        ids = [v.strip() for v in visible.split(",")]
+        if index >= len(ids):
+            return None
+        ident = ids[index]
+    else:
+        ident = str(index)
+    return _cuda_free(ident) if driver == "cuda" else _hip_free(ident, sysfs)
+
+
+def _cuda_free(ident: str) -> int | None:
+    """nvidia-smi's free memory of GPU `ident` (an index or a UUID), or None without a working nvidia-smi."""
+    try:
+        r = subprocess.run(["nvidia-smi", f"--id={ident}", "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
+                           capture_output=True, text=True, timeout=20)
+        return int(r.stdout.split()[0]) * 2**20 if r.returncode == 0 else None  # MiB
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+def _hip_free(ident: str, sysfs: Path) -> int | None:
+    """VRAM total - used of the `ident`-th amdgpu card (cards with VRAM counters, by number), or None."""
+    if not ident.isdigit():
+        return None  # a UUID: no sysfs file names it
+    cards = sorted((c for c in (sysfs / "class" / "drm").glob("card*")
+                    if c.name[4:].isdigit() and (c / "device" / "mem_info_vram_total").is_file()),
+                   key=lambda c: int(c.name[4:]))
+    if int(ident) >= len(cards):
+        return None
+    dev = cards[int(ident)] / "device"
+    try:
+        return max(0, int((dev / "mem_info_vram_total").read_text()) - int((dev / "mem_info_vram_used").read_text()))
+    except (OSError, ValueError):
+        return None
+
+
+def _host_available() -> int | None:
     found = []
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -255,11 +302,16 @@ def memory_needed(manifest: dict) -> tuple[int, int]:
     return state, params
 
 
-def out_of_memory(manifest: dict, folder: Path, driver: str, detail: str) -> DFlashError:
+def out_of_memory(manifest: dict, folder: Path, device: str, detail: str) -> DFlashError:
     """The error for an IREE RESOURCE_EXHAUSTED while loading or running: bytes needed against free,
-    and the largest `--max-context` (a multiple of kv_page) whose KV caches would fit."""
+    and the largest `--max-context` (a multiple of kv_page) whose KV caches would fit.
+
+    Args:
+        device: the IREE device name it ran on ("cuda://1"), or the manifest's driver.
+        detail: IREE's message (its first line is quoted).
+    """
     state, params = memory_needed(manifest)
-    free = _available_bytes(driver)
+    free = _available_bytes(device)
     C, page = int(manifest["max_context"]), int(manifest.get("kv_page", 32))
     line = (f"out of device memory with {folder}: the KV caches need {state / 2**20:.1f} MiB at max_context {C} and "
             f"the weights {params / 2**20:.1f} MiB")

@@ -88,7 +88,7 @@ class Engine:
         """
         arts = Artifacts.load(artifacts)
         dev = open_device(arts, device)
-        module = arts.bind(dev, target, drafter)
+        module = arts.bind(dev, target, drafter, device_name=device)
         text_error = None
         try:
             codec = TextCodec(arts.checkpoint_folder("target", target))
