@@ -158,6 +158,48 @@ def test_missing_tokenizer_names_the_target_given(capsys, long_artifacts, long_p
     assert str(long_pair[0]) not in err
 
 
+def _word_tokenizer(folder: Path, vocab_size: int, added: tuple[str, ...] = ()) -> None:
+    """A word-level tokenizer.json of ids 0..vocab_size-1 ("w7" is 7), with `added` tokens after them."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0, **{f"w{i}": i for i in range(1, vocab_size)}}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_tokens(list(added))
+    tok.save(str(folder / "tokenizer.json"))
+
+
+def test_tokenizer_with_ids_past_the_vocabulary(capsys, host_artifacts, target_dir, tmp_path):
+    """An added token at id vocab_size: refused when the tokenizer loads, naming its tokenizer.json,
+    not encoded into an id the embedding gather reads out of bounds (exit 0 with wrong text, before)."""
+    target = _copy(target_dir, tmp_path / "target")
+    _word_tokenizer(target, 512, ("<zzz>",))
+    before, arts = snapshot(target), snapshot(host_artifacts)
+    rc, out, err = cli(capsys, "generate", "--artifacts", host_artifacts, "--target", target, "--prompt", "w7 <zzz>",
+                       "--max-new-tokens", "4")
+    assert_refused(rc, err, f"{target}/tokenizer.json has token ids up to 512 (<zzz>)", "vocab_size is 512",
+                   "--prompt-ids")
+    assert out == "" and snapshot(target) == before and snapshot(host_artifacts) == arts
+    # token ids still work with it; a tokenizer that fits encodes text
+    assert _generate(capsys, host_artifacts, "--target", target)[0] == 0
+    _word_tokenizer(target, 512)
+    rc, out, err = cli(capsys, "generate", "--artifacts", host_artifacts, "--target", target, "--prompt", "w7 w300",
+                       "--max-new-tokens", "4")
+    assert rc == 0, err
+
+
+def test_encoded_ids_are_checked_against_the_vocabulary(host_artifacts, target_dir, tmp_path):
+    """A codec swapped in after the load (no load-time check) still cannot pass an id past the vocabulary."""
+    from dflash_iree.runtime.text import TextCodec
+
+    target = _copy(target_dir, tmp_path / "target")
+    _word_tokenizer(target, 512, ("<zzz>",))
+    engine = Engine.load(host_artifacts)
+    engine.codec = TextCodec(target)
+    with pytest.raises(DFlashError, match=r"the prompt as .*/tokenizer.json encodes it: token id 512 \(position 1\) "
+                                          r"is outside the vocabulary"):
+        engine.generate("w7 <zzz>", 4)
+
+
 # -- checkpoints ------------------------------------------------------------------------------
 
 def _header_length(path: Path, n: int) -> None:
