@@ -31,9 +31,12 @@ from pathlib import Path
 from .checkpoint import sha256_file
 from .config import load_drafter_config, load_target_config
 from .errors import DFlashError
-from .manifest import FORMAT_VERSION, MANIFEST_FILE
+from .manifest import DTYPES, FORMAT_VERSION, MANIFEST_FILE, Manifest
 
-# the manifest fields the runtime reads before anything else (a manifest without them is not ours)
+# The fields without which a format-2 manifest is not ours at all (read before anything else): one
+# missing means the file was changed. A subset of Manifest's fields on purpose, not all of them:
+# Manifest.from_json names the others, missing, as written by an older dflash-iree
+# (tests/test_runtime.py); tests/test_guard.py keeps this a subset.
 MANIFEST_FIELDS = ("format_version", "arch", "module", "files", "target", "drafter", "block_size", "max_context",
                    "dtype", "shapes", "entry_points", "parameters")
 # fields of config.py's parsed configs that change what the compiled graph computes
@@ -127,7 +130,7 @@ def _differences(scope: str, fields, recorded: dict, found: dict, folder: Path) 
     return out
 
 
-def config_problems(manifest: dict, target: Path, drafter: Path) -> list[str]:
+def config_problems(manifest: Manifest, target: Path, drafter: Path) -> list[str]:
     """Fields of the two checkpoints' config.json that differ from the configs the module was
     compiled for (the manifest's `target.config` / `drafter.config`), as problem lines (empty: fit).
 
@@ -141,19 +144,19 @@ def config_problems(manifest: dict, target: Path, drafter: Path) -> list[str]:
     tcfg = load_target_config(target)
     dcfg = load_drafter_config(drafter, tcfg)
     t, d = tcfg.to_dict(), dcfg.to_dict()
-    problems = _differences("target", TARGET_FIELDS, manifest["target"]["config"], t, target)
-    problems += _differences("drafter", DRAFTER_FIELDS, manifest["drafter"]["config"], d, drafter)
-    trained = manifest.get("trained_block_size", manifest["drafter"]["config"].get("block_size"))
-    if not problems and trained is not None and dcfg.block_size != trained:
+    problems = _differences("target", TARGET_FIELDS, manifest.target["config"], t, target)
+    problems += _differences("drafter", DRAFTER_FIELDS, manifest.drafter["config"], d, drafter)
+    trained = manifest.trained_block_size
+    if not problems and dcfg.block_size != trained:
         warnings.warn(
             f"drafter {drafter} was trained for block_size {dcfg.block_size}, these artifacts for a drafter trained "
-            f"for {trained} (verify block {manifest['block_size']}): the output is exact, but fewer drafts are "
+            f"for {trained} (verify block {manifest.block_size}): the output is exact, but fewer drafts are "
             f"accepted (τ fell from 2.8 to 1.8 on the demo pair); for its full τ compile for it: "
-            f"dflash-iree compile --arch {manifest['arch']} --target {target} --drafter {drafter}", DFlashWarning,
+            f"dflash-iree compile --arch {manifest.arch} --target {target} --drafter {drafter}", DFlashWarning,
             stacklevel=3)
     if problems:
         problems.append(f"  the compiled graph computes the manifest's model; compile for these checkpoints: "
-                        f"dflash-iree compile --arch {manifest['arch']} --target {target} --drafter {drafter}")
+                        f"dflash-iree compile --arch {manifest.arch} --target {target} --drafter {drafter}")
     return problems
 
 
@@ -284,25 +287,29 @@ def _host_available() -> int | None:
     return max(0, min(found)) if found else None
 
 
-def _nbytes(entries, dtype_bytes) -> int:
+def _nbytes(entries) -> int:
     total = 0
     for e in entries:
         n = 1
         for d in e["shape"]:
             n *= int(d)
-        total += n * dtype_bytes[e["dtype"]]
+        total += n * DTYPES[e["dtype"]].bytes
     return total
 
 
-def memory_needed(manifest: dict) -> tuple[int, int]:
-    """(bytes of the module's state, the KV caches; bytes of its parameters), from the manifest."""
-    size = {"f32": 4, "f16": 2, "bf16": 2, "i64": 8, "i32": 4, "i8": 1}
-    state = _nbytes(manifest["state"]["globals"].values(), size)
-    params = sum(_nbytes(scope.values(), size) for scope in manifest["parameters"].values())
+def memory_needed(manifest: Manifest) -> tuple[int, int]:
+    """(bytes of the module's state, the KV caches; bytes of its parameters), from the manifest's
+    `state.globals` and `parameters` ({shape, dtype} entries, dtype a DTYPES name).
+
+    Raises:
+        KeyError: a dtype that is not in DTYPES (Manifest.from_json does not check entries).
+    """
+    state = _nbytes(manifest.state["globals"].values())
+    params = sum(_nbytes(scope.values()) for scope in manifest.parameters.values())
     return state, params
 
 
-def out_of_memory(manifest: dict, folder: Path, device: str, detail: str) -> DFlashError:
+def out_of_memory(manifest: Manifest, folder: Path, device: str, detail: str) -> DFlashError:
     """The error for an IREE RESOURCE_EXHAUSTED while loading or running: bytes needed against free,
     and the largest `--max-context` (a multiple of kv_page) whose KV caches would fit.
 
@@ -312,7 +319,7 @@ def out_of_memory(manifest: dict, folder: Path, device: str, detail: str) -> DFl
     """
     state, params = memory_needed(manifest)
     free = _available_bytes(device)
-    C, page = int(manifest["max_context"]), int(manifest.get("kv_page", 32))
+    C, page = manifest.max_context, manifest.kv_page
     line = (f"out of device memory with {folder}: the KV caches need {state / 2**20:.1f} MiB at max_context {C} and "
             f"the weights {params / 2**20:.1f} MiB")
     if free is not None:

@@ -162,7 +162,7 @@ class Artifacts:
             raise DFlashError("\n".join(missing))
         target, drafter = folders["target"], folders["drafter"]
         problems = self.check_checkpoint("target", target) + self.check_checkpoint("drafter", drafter)
-        problems = problems or guard.config_problems(self.manifest.to_json(), target, drafter)
+        problems = problems or guard.config_problems(self.manifest, target, drafter)
         if problems:
             raise DFlashError(f"the checkpoints do not fit {self.folder}/manifest.json:\n" + _problem_lines(problems)
                               + _swapped_hint(self, target, drafter))
@@ -198,8 +198,7 @@ class Artifacts:
                                                       rt.create_io_parameters_module(instance, *providers), vm_module])
         except RuntimeError as e:  # the module's initializer allocates the KV caches
             if "RESOURCE_EXHAUSTED" in str(e):
-                raise guard.out_of_memory(self.manifest.to_json(), self.folder, device_name or self.manifest.driver,
-                                          str(e)) from None
+                raise guard.out_of_memory(self.manifest, self.folder, device_name or self.manifest.driver, str(e)) from None
             raise
         functions = {e["name"]: EntryCall(rt.FunctionInvoker(context, device, vm_module.lookup_function(e["name"])), e)
                      for e in self.manifest.entry_points}

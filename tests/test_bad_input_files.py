@@ -21,6 +21,7 @@ from badinput import assert_refused, cli, dflash, snapshot
 from dflash_iree import guard
 from dflash_iree.errors import DFlashError
 from dflash_iree.export import compile as cc
+from dflash_iree.manifest import Manifest
 from dflash_iree.runtime.engine import Engine
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -286,7 +287,7 @@ def test_out_of_device_memory_names_bytes_and_a_context_that_fits(host_artifacts
     def exhausted(*a, **k):
         raise RuntimeError("Error creating context: RESOURCE_EXHAUSTED; failed to allocate 1234 bytes")
 
-    state, params = guard.memory_needed(json.loads((host_artifacts / "manifest.json").read_text()))
+    state, params = guard.memory_needed(Manifest.load(host_artifacts / "manifest.json"))
     free = int((params + state // 2) / 0.8) + 8  # room for half the caches and the working fifth: max_context 128
     monkeypatch.setattr(rt, "VmContext", exhausted)
     monkeypatch.setattr(guard, "_available_bytes", lambda driver: free)

@@ -4,11 +4,13 @@ root stand in for the GPUs, so that these run on any host; and the out-of-memory
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
 from dflash_iree import guard
+from dflash_iree.manifest import DTYPES, Manifest
 
 MiB = 2**20
 
@@ -95,12 +97,25 @@ def test_other_devices_unknown():
     assert guard._available_bytes("local-task") is not None  # /proc/meminfo, on Linux
 
 
-def _manifest() -> dict:
-    """1 MiB of caches at max_context 1024 and 1 MiB of weights."""
-    return {"max_context": 1024, "kv_page": 32,
-            "state": {"globals": {"k": {"shape": [1024, 256], "dtype": "f32"}}},
-            "parameters": {"target": {"w": {"shape": [2**17], "dtype": "f32"}}, "drafter": {
-                "e": {"shape": [2**18], "dtype": "bf16"}}}}
+def _manifest(**fields_) -> Manifest:
+    """A Manifest with only the fields a test reads (the others None: nothing checks them here).
+    By default 1 MiB of caches at max_context 1024 and 1 MiB of weights (f32 and bf16)."""
+    return Manifest(**{**{f.name: None for f in fields(Manifest)}, "max_context": 1024, "kv_page": 32,
+                       "state": {"globals": {"k": {"shape": [1024, 256], "dtype": "f32"}}},
+                       "parameters": {"target": {"w": {"shape": [2**17], "dtype": "f32"}},
+                                      "drafter": {"e": {"shape": [2**18], "dtype": "bf16"}}}, **fields_})
+
+
+def test_memory_needed_counts_every_dtype_by_its_size():
+    state = {"globals": {f"g{n}": {"shape": [3, 2], "dtype": n} for n in DTYPES}}
+    params = {"target": {"a": {"shape": [5], "dtype": "i64"}}, "drafter": {"b": {"shape": [], "dtype": "i1"}}}
+    assert guard.memory_needed(_manifest(state=state, parameters=params)) == (
+        6 * sum(d.bytes for d in DTYPES.values()), 5 * 8 + 1)
+    assert guard.memory_needed(_manifest()) == (MiB, MiB)
+
+
+def test_manifest_fields_read_first_are_manifest_fields():
+    assert set(guard.MANIFEST_FIELDS) <= {f.name for f in fields(Manifest)}
 
 
 def test_gpu_out_of_memory_names_free_and_a_context_that_fits(fake_smi):
@@ -110,3 +125,6 @@ def test_gpu_out_of_memory_names_free_and_a_context_that_fits(fake_smi):
     assert str(e) == ("out of device memory with compiled/sm_80: the KV caches need 1.0 MiB at max_context 1024 and "
                       "the weights 1.0 MiB, 2.0 MiB are free; recompile with --max-context 608 or less "
                       "(IREE: RESOURCE_EXHAUSTED)")
+    # whole pages of the manifest's own kv_page
+    e = guard.out_of_memory(_manifest(kv_page=64), Path("compiled/sm_80"), "cuda://0", "RESOURCE_EXHAUSTED")
+    assert "recompile with --max-context 576 or less" in str(e)
