@@ -154,9 +154,11 @@ def test_read_only_artifact_folder_generates(host_artifacts, target_dir, drafter
 def test_missing_tokenizer_names_the_target_given(capsys, long_artifacts, long_pair, tmp_path):
     target = _copy(long_pair[0], tmp_path / "my-target")
     (target / "tokenizer.json").unlink()
+    before = snapshot(target), snapshot(long_artifacts)
     rc, _, err = cli(capsys, "generate", "--artifacts", long_artifacts, "--target", target, "--prompt", "hello")
     assert_refused(rc, err, f"{target}/tokenizer.json does not exist", "--prompt-ids")
     assert str(long_pair[0]) not in err
+    assert (snapshot(target), snapshot(long_artifacts)) == before
 
 
 def _word_tokenizer(folder: Path, vocab_size: int, added: tuple[str, ...] = ()) -> None:
@@ -224,8 +226,10 @@ SAFETENSORS_FAULTS = [
 def test_damaged_safetensors_named_before_iree(capsys, host_artifacts, target_dir, tmp_path, damage, needles):
     target = _copy(target_dir, tmp_path / "target")
     damage(target / "model.safetensors")
+    before = snapshot(target), snapshot(host_artifacts)
     rc, _, err = _generate(capsys, host_artifacts, "--target", target)
     assert_refused(rc, err, f"{target}/model.safetensors", *needles)
+    assert (snapshot(target), snapshot(host_artifacts)) == before
 
 
 def _edit_config(folder: Path, **changes) -> Path:
@@ -253,8 +257,10 @@ def test_checkpoint_config_that_differs_from_the_manifest(capsys, host_artifacts
                                                           scope, changes, needle):
     """Same parameter shapes, another model: the parsed config fields are compared, by name."""
     folder = _edit_config(_copy(target_dir if scope == "target" else drafter_dir, tmp_path / scope), **changes)
+    before = snapshot(folder), snapshot(host_artifacts)
     rc, _, err = _generate(capsys, host_artifacts, f"--{scope}", folder)
     assert_refused(rc, err, "the checkpoints do not fit", needle, "in the manifest", "dflash-iree compile --arch host --target")
+    assert (snapshot(folder), snapshot(host_artifacts)) == before
 
 
 def test_checkpoint_with_another_config_hash_but_the_same_fields_binds(capsys, host_artifacts, target_dir, tmp_path):
@@ -277,8 +283,10 @@ def test_drafter_trained_for_another_block_size_warns(capsys, host_artifacts, dr
 def test_drafter_without_config_json(capsys, host_artifacts, drafter_dir, tmp_path):
     folder = _copy(drafter_dir, tmp_path / "d")
     (folder / "config.json").unlink()
+    before = snapshot(folder), snapshot(host_artifacts)
     rc, _, err = _generate(capsys, host_artifacts, "--drafter", folder)
     assert_refused(rc, err, f"{folder}/config.json does not exist")
+    assert (snapshot(folder), snapshot(host_artifacts)) == before
 
 
 def test_out_of_device_memory_names_bytes_and_a_context_that_fits(host_artifacts, monkeypatch):
