@@ -31,9 +31,12 @@ from pathlib import Path
 from .checkpoint import sha256_file
 from .config import load_drafter_config, load_target_config
 from .errors import DFlashError
-from .manifest import FORMAT_VERSION, MANIFEST_FILE
+from .manifest import DTYPES, FORMAT_VERSION, MANIFEST_FILE, Manifest
 
-# the manifest fields the runtime reads before anything else (a manifest without them is not ours)
+# The fields without which a format-2 manifest is not ours at all (read before anything else): one
+# missing means the file was changed. A subset of Manifest's fields on purpose, not all of them:
+# Manifest.from_json names the others, missing, as written by an older dflash-iree
+# (tests/test_runtime.py); tests/test_guard.py keeps this a subset.
 MANIFEST_FIELDS = ("format_version", "arch", "module", "files", "target", "drafter", "block_size", "max_context",
                    "dtype", "shapes", "entry_points", "parameters")
 # fields of config.py's parsed configs that change what the compiled graph computes
@@ -127,7 +130,7 @@ def _differences(scope: str, fields, recorded: dict, found: dict, folder: Path) 
     return out
 
 
-def config_problems(manifest: dict, target: Path, drafter: Path) -> list[str]:
+def config_problems(manifest: Manifest, target: Path, drafter: Path) -> list[str]:
     """Fields of the two checkpoints' config.json that differ from the configs the module was
     compiled for (the manifest's `target.config` / `drafter.config`), as problem lines (empty: fit).
 
@@ -141,19 +144,19 @@ def config_problems(manifest: dict, target: Path, drafter: Path) -> list[str]:
     tcfg = load_target_config(target)
     dcfg = load_drafter_config(drafter, tcfg)
     t, d = tcfg.to_dict(), dcfg.to_dict()
-    problems = _differences("target", TARGET_FIELDS, manifest["target"]["config"], t, target)
-    problems += _differences("drafter", DRAFTER_FIELDS, manifest["drafter"]["config"], d, drafter)
-    trained = manifest.get("trained_block_size", manifest["drafter"]["config"].get("block_size"))
-    if not problems and trained is not None and dcfg.block_size != trained:
+    problems = _differences("target", TARGET_FIELDS, manifest.target["config"], t, target)
+    problems += _differences("drafter", DRAFTER_FIELDS, manifest.drafter["config"], d, drafter)
+    trained = manifest.trained_block_size
+    if not problems and dcfg.block_size != trained:
         warnings.warn(
             f"drafter {drafter} was trained for block_size {dcfg.block_size}, these artifacts for a drafter trained "
-            f"for {trained} (verify block {manifest['block_size']}): the output is exact, but fewer drafts are "
+            f"for {trained} (verify block {manifest.block_size}): the output is exact, but fewer drafts are "
             f"accepted (τ fell from 2.8 to 1.8 on the demo pair); for its full τ compile for it: "
-            f"dflash-iree compile --arch {manifest['arch']} --target {target} --drafter {drafter}", DFlashWarning,
+            f"dflash-iree compile --arch {manifest.arch} --target {target} --drafter {drafter}", DFlashWarning,
             stacklevel=3)
     if problems:
         problems.append(f"  the compiled graph computes the manifest's model; compile for these checkpoints: "
-                        f"dflash-iree compile --arch {manifest['arch']} --target {target} --drafter {drafter}")
+                        f"dflash-iree compile --arch {manifest.arch} --target {target} --drafter {drafter}")
     return problems
 
 
@@ -210,12 +213,59 @@ def out_lock(out: str | Path):
         os.close(fd)
 
 
-def _available_bytes(driver: str) -> int | None:
-    """Memory this process can still allocate on a CPU device: the least of the host's
-    MemAvailable, its cgroup's memory.max - memory.current, and its address-space limit
-    (RLIMIT_AS) less its current size. None for GPUs (the host cannot tell)."""
-    if driver != "local-task":
+def _available_bytes(device: str, sysfs: Path = Path("/sys")) -> int | None:
+    """Bytes this process can still allocate on `device` (an IREE device name: "local-task",
+    "cuda", "cuda://1", "hip://0"), or None where that cannot be told.
+
+    local-task: the least of the host's MemAvailable, its cgroup's memory.max - memory.current, and
+    its address-space limit (RLIMIT_AS) less its current size. cuda: nvidia-smi's memory.free of
+    the GPU. hip: the amdgpu driver's mem_info_vram_total - mem_info_vram_used under `sysfs`
+    (class/drm/cardN/device). A device index counts the visible devices (CUDA_ / HIP_VISIBLE_DEVICES).
+    """
+    driver, _, path = device.partition("://")
+    if driver in ("local-task", "local-sync"):
+        return _host_available()
+    if driver not in ("cuda", "hip") or not (path or "0").isdigit():
         return None
+    index = int(path or 0)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES" if driver == "cuda" else "HIP_VISIBLE_DEVICES")
+    if visible is not None:  # index counts the visible devices; the tools below count all of them
+        ids = [v.strip() for v in visible.split(",")]
+        if index >= len(ids):
+            return None
+        ident = ids[index]
+    else:
+        ident = str(index)
+    return _cuda_free(ident) if driver == "cuda" else _hip_free(ident, sysfs)
+
+
+def _cuda_free(ident: str) -> int | None:
+    """nvidia-smi's free memory of GPU `ident` (an index or a UUID), or None without a working nvidia-smi."""
+    try:
+        r = subprocess.run(["nvidia-smi", f"--id={ident}", "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
+                           capture_output=True, text=True, timeout=20)
+        return int(r.stdout.split()[0]) * 2**20 if r.returncode == 0 else None  # MiB
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+def _hip_free(ident: str, sysfs: Path) -> int | None:
+    """VRAM total - used of the `ident`-th amdgpu card (cards with VRAM counters, by number), or None."""
+    if not ident.isdigit():
+        return None  # a UUID: no sysfs file names it
+    cards = sorted((c for c in (sysfs / "class" / "drm").glob("card*")
+                    if c.name[4:].isdigit() and (c / "device" / "mem_info_vram_total").is_file()),
+                   key=lambda c: int(c.name[4:]))
+    if int(ident) >= len(cards):
+        return None
+    dev = cards[int(ident)] / "device"
+    try:
+        return max(0, int((dev / "mem_info_vram_total").read_text()) - int((dev / "mem_info_vram_used").read_text()))
+    except (OSError, ValueError):
+        return None
+
+
+def _host_available() -> int | None:
     found = []
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -237,30 +287,39 @@ def _available_bytes(driver: str) -> int | None:
     return max(0, min(found)) if found else None
 
 
-def _nbytes(entries, dtype_bytes) -> int:
+def _nbytes(entries) -> int:
     total = 0
     for e in entries:
         n = 1
         for d in e["shape"]:
             n *= int(d)
-        total += n * dtype_bytes[e["dtype"]]
+        total += n * DTYPES[e["dtype"]].bytes
     return total
 
 
-def memory_needed(manifest: dict) -> tuple[int, int]:
-    """(bytes of the module's state, the KV caches; bytes of its parameters), from the manifest."""
-    size = {"f32": 4, "f16": 2, "bf16": 2, "i64": 8, "i32": 4, "i8": 1}
-    state = _nbytes(manifest["state"]["globals"].values(), size)
-    params = sum(_nbytes(scope.values(), size) for scope in manifest["parameters"].values())
+def memory_needed(manifest: Manifest) -> tuple[int, int]:
+    """(bytes of the module's state, the KV caches; bytes of its parameters), from the manifest's
+    `state.globals` and `parameters` ({shape, dtype} entries, dtype a DTYPES name).
+
+    Raises:
+        KeyError: a dtype that is not in DTYPES (Manifest.from_json does not check entries).
+    """
+    state = _nbytes(manifest.state["globals"].values())
+    params = sum(_nbytes(scope.values()) for scope in manifest.parameters.values())
     return state, params
 
 
-def out_of_memory(manifest: dict, folder: Path, driver: str, detail: str) -> DFlashError:
+def out_of_memory(manifest: Manifest, folder: Path, device: str, detail: str) -> DFlashError:
     """The error for an IREE RESOURCE_EXHAUSTED while loading or running: bytes needed against free,
-    and the largest `--max-context` (a multiple of kv_page) whose KV caches would fit."""
+    and the largest `--max-context` (a multiple of kv_page) whose KV caches would fit.
+
+    Args:
+        device: the IREE device name it ran on ("cuda://1"), or the manifest's driver.
+        detail: IREE's message (its first line is quoted).
+    """
     state, params = memory_needed(manifest)
-    free = _available_bytes(driver)
-    C, page = int(manifest["max_context"]), int(manifest.get("kv_page", 32))
+    free = _available_bytes(device)
+    C, page = manifest.max_context, manifest.kv_page
     line = (f"out of device memory with {folder}: the KV caches need {state / 2**20:.1f} MiB at max_context {C} and "
             f"the weights {params / 2**20:.1f} MiB")
     if free is not None:

@@ -137,12 +137,14 @@ class Artifacts:
             problems.append(f"{DTYPE_HINT} {'/'.join(sorted(found))}: recompile with --dtype {sorted(found)[0]}")
         return problems
 
-    def bind(self, device, target: str | None = None, drafter: str | None = None):
+    def bind(self, device, target: str | None = None, drafter: str | None = None, device_name: str | None = None):
         """Load the module on `device` with both checkpoints bound; returns a CompiledPair.
 
         Args:
             target, drafter: checkpoint folders; default the ones the manifest records
                 (`checkpoint_folder`).
+            device_name: the IREE name `device` was opened by ("cuda://1"; default the manifest's
+                driver), for the free memory an out-of-memory error reports.
 
         Raises:
             DFlashError: a checkpoint folder that does not exist (naming --target / --drafter), or
@@ -160,7 +162,7 @@ class Artifacts:
             raise DFlashError("\n".join(missing))
         target, drafter = folders["target"], folders["drafter"]
         problems = self.check_checkpoint("target", target) + self.check_checkpoint("drafter", drafter)
-        problems = problems or guard.config_problems(self.manifest.to_json(), target, drafter)
+        problems = problems or guard.config_problems(self.manifest, target, drafter)
         if problems:
             raise DFlashError(f"the checkpoints do not fit {self.folder}/manifest.json:\n" + _problem_lines(problems)
                               + _swapped_hint(self, target, drafter))
@@ -169,15 +171,16 @@ class Artifacts:
             indexes[scope] = rt.ParameterIndex()
             for path in sorted({i.file for i in index_checkpoint(folder).values()}):
                 indexes[scope].load(str(path))  # memory-mapped
-        return self.bind_indexes(device, indexes)
+        return self.bind_indexes(device, indexes, device_name)
 
-    def bind_indexes(self, device, indexes: dict):
+    def bind_indexes(self, device, indexes: dict, device_name: str | None = None):
         """Load the module on `device` with parameters from prepared `iree.runtime.ParameterIndex`es.
 
         Args:
             indexes: scope ("target", "drafter") -> ParameterIndex holding every key of that scope
                 (e.g. `add_buffer` of weights made in memory, as bench/speed_8b.py does). Unchecked:
                 a missing key fails when the module loads.
+            device_name: as for `bind`.
 
         Returns:
             A CompiledPair, whose `fn` calls check the buffers they write against the manifest
@@ -195,7 +198,7 @@ class Artifacts:
                                                       rt.create_io_parameters_module(instance, *providers), vm_module])
         except RuntimeError as e:  # the module's initializer allocates the KV caches
             if "RESOURCE_EXHAUSTED" in str(e):
-                raise guard.out_of_memory(self.manifest.to_json(), self.folder, self.manifest.driver, str(e)) from None
+                raise guard.out_of_memory(self.manifest, self.folder, device_name or self.manifest.driver, str(e)) from None
             raise
         functions = {e["name"]: EntryCall(rt.FunctionInvoker(context, device, vm_module.lookup_function(e["name"])), e)
                      for e in self.manifest.entry_points}

@@ -88,10 +88,11 @@ class Engine:
         """
         arts = Artifacts.load(artifacts)
         dev = open_device(arts, device)
-        module = arts.bind(dev, target, drafter)
+        module = arts.bind(dev, target, drafter, device_name=device)
         text_error = None
         try:
-            codec = TextCodec(arts.checkpoint_folder("target", target))
+            vocab = int(arts.manifest.target["config"]["vocab_size"])
+            codec = TextCodec(arts.checkpoint_folder("target", target), vocab)
         except DFlashError as e:
             codec, text_error = None, str(e)  # token-id prompts still work; the error names the folder bound
         engine = cls(arts, module, codec)
@@ -104,15 +105,18 @@ class Engine:
         """Token ids of a prompt given as text, as token ids, or as chat messages [{role, content}].
 
         Raises:
-            DFlashError: text or messages without a tokenizer, or an empty prompt.
+            DFlashError: text or messages without a tokenizer, an empty prompt, or an id outside
+                [0, vocab_size) (given, or the tokenizer's).
         """
         prompt = validate.prompt(prompt)
         if isinstance(prompt, str) or (len(prompt) and isinstance(prompt[0], dict)):
             if self.codec is None:
                 raise DFlashError(self.text_error)
-            if isinstance(prompt, str):
-                return self.codec.encode(prompt)
-            return self.codec.encode(self.codec.render_chat(list(prompt), enable_thinking=enable_thinking))
+            text = prompt if isinstance(prompt, str) else self.codec.render_chat(list(prompt),
+                                                                                 enable_thinking=enable_thinking)
+            # the load already checked the tokenizer's ids; this keeps a codec swapped in later honest too
+            return validate.token_ids(self.codec.encode(text), self.vocab_size,
+                                      f"the prompt as {self.codec.folder}/tokenizer.json encodes it:")
         ids = validate.token_ids(prompt, self.vocab_size)
         if not ids:
             raise DFlashError("the prompt is empty; give at least one token")

@@ -22,12 +22,15 @@ class TextCodec:
 
     Args:
         folder: the target's folder with `tokenizer.json` (and optionally `tokenizer_config.json`).
+        vocab_size: the target's vocabulary size (manifest target.config.vocab_size), or None
+            (unchecked: the eager tools, which index the model's own embedding).
 
     Raises:
-        DFlashError: tokenizer.json is missing or unreadable.
+        DFlashError: tokenizer.json is missing or unreadable, or holds an id (an added token
+            included) at or above `vocab_size`.
     """
 
-    def __init__(self, folder: str | Path):
+    def __init__(self, folder: str | Path, vocab_size: int | None = None):
         from tokenizers import Tokenizer
 
         folder = Path(folder)
@@ -39,6 +42,8 @@ class TextCodec:
             self.tokenizer = Tokenizer.from_file(str(path))
         except Exception as e:  # tokenizers raises a bare Exception on bad files
             raise DFlashError(f"{path}: not a readable tokenizer ({e})") from None
+        if vocab_size is not None:
+            self._check_vocab(path, vocab_size)
         cfg_path = folder / "tokenizer_config.json"
         try:
             self.config = json.loads(cfg_path.read_bytes()) if cfg_path.is_file() else {}
@@ -47,6 +52,19 @@ class TextCodec:
         if not isinstance(self.config, dict):
             raise DFlashError(f"{cfg_path}: not a JSON object; fix or remove it")
         self.folder = folder
+
+    def _check_vocab(self, path: Path, vocab_size: int) -> None:
+        """Refuse a tokenizer that can emit an id the target has no embedding row for: once here,
+        so that no text prompt reaches the device's gather with such an id (out of bounds there
+        reads whatever lies past the table: a silent wrong answer, or a crash)."""
+        # the largest id, not the count: ids need not be contiguous
+        over = sorted((i, t) for t, i in self.tokenizer.get_vocab(with_added_tokens=True).items() if i >= vocab_size)
+        if over:
+            top = over[-1][0]
+            shown = ", ".join(t for _, t in over[:3]) + (f" and {len(over) - 3} more" if len(over) > 3 else "")
+            raise DFlashError(f"{path} has token ids up to {top} ({shown}), but the target's vocab_size is "
+                              f"{vocab_size}: use the tokenizer.json that came with the target checkpoint (or remove "
+                              f"the added tokens at {vocab_size} and above), or pass token ids (--prompt-ids)")
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`, without special tokens added.

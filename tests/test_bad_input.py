@@ -147,10 +147,12 @@ def _prompts(tmp_path, rows) -> str:
     (["--json", "/nonexistent-folder/b.json"], ["--json /nonexistent-folder/b.json: the folder /nonexistent-folder"]),
 ], ids=["runs-0", "runs-negative", "limit-0", "limit-negative", "json-folder-missing"])
 def test_bench_refuses(capsys, host_artifacts, tmp_path, argv, needles):
-    rc, out, err = cli(capsys, "bench", "--artifacts", host_artifacts, "--prompts",
-                       _prompts(tmp_path, [{"prompt_ids": [7, 300, 12]}]), "--max-new-tokens", "4", *argv)
+    prompts = _prompts(tmp_path, [{"prompt_ids": [7, 300, 12]}])
+    before = snapshot(host_artifacts), snapshot(tmp_path)
+    rc, out, err = cli(capsys, "bench", "--artifacts", host_artifacts, "--prompts", prompts, "--max-new-tokens", "4",
+                       *argv)
     assert_refused(rc, err, *needles)
-    assert out == ""
+    assert out == "" and (snapshot(host_artifacts), snapshot(tmp_path)) == before
 
 
 def test_bench_plot_without_matplotlib_refused_before_the_run(capsys, host_artifacts, tmp_path):
@@ -181,8 +183,11 @@ def test_prompt_file_that_is_not_utf8(capsys, host_artifacts, tmp_path):
     ({"prompt": "\udcff"}, ":1 \"prompt\" is not valid text"),
 ], ids=["prompt-number", "ids-with-string", "lone-surrogate"])
 def test_prompt_file_rows_refused(capsys, host_artifacts, tmp_path, row, needle):
-    rc, _, err = cli(capsys, "bench", "--artifacts", host_artifacts, "--prompts", _prompts(tmp_path, [row]))
+    prompts = _prompts(tmp_path, [row])
+    before = snapshot(host_artifacts), snapshot(tmp_path)
+    rc, _, err = cli(capsys, "bench", "--artifacts", host_artifacts, "--prompts", prompts)
     assert_refused(rc, err, needle)
+    assert (snapshot(host_artifacts), snapshot(tmp_path)) == before
 
 
 def test_demo_index_out_of_range(capsys, host_artifacts, tmp_path):

@@ -21,6 +21,7 @@ from badinput import assert_refused, cli, dflash, snapshot
 from dflash_iree import guard
 from dflash_iree.errors import DFlashError
 from dflash_iree.export import compile as cc
+from dflash_iree.manifest import Manifest
 from dflash_iree.runtime.engine import Engine
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,20 +131,27 @@ def _world_readable_copy(folders: list[Path]) -> tuple[Path, list[Path]]:
     return top, copies
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root to run as another user")
 def test_read_only_artifact_folder_generates(host_artifacts, target_dir, drafter_dir):
     """A read-only artifact folder (and checkpoints), read as an unprivileged user: the module is
-    mapped read-only (IREE's VmModule.mmap opens it for writing, and failed here)."""
+    mapped read-only (IREE's VmModule.mmap opens it for writing, and failed here). Root reads past
+    file modes, so as root the run drops to nobody with setpriv; any other user runs it as itself."""
+    as_nobody = []
+    if os.geteuid() == 0:
+        if not shutil.which("setpriv"):
+            pytest.skip("as root the modes are not enforced, and there is no setpriv to run as another user")
+        as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
     want = json.loads(dflash("generate", "--artifacts", host_artifacts, "--prompt-ids", "7 300 12",
                              "--max-new-tokens", "6", "--json").stdout)["tokens"]
     top, (arts, target, drafter) = _world_readable_copy([host_artifacts, target_dir, drafter_dir])
+    before = snapshot(top)
     try:
-        r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m",
-                            "dflash_iree", "generate", "--artifacts", str(arts), "--target", str(target), "--drafter",
-                            str(drafter), "--prompt-ids", "7 300 12", "--max-new-tokens", "6", "--json"],
+        r = subprocess.run([*as_nobody, sys.executable, "-m", "dflash_iree", "generate", "--artifacts", str(arts),
+                            "--target", str(target), "--drafter", str(drafter), "--prompt-ids", "7 300 12",
+                            "--max-new-tokens", "6", "--json"],
                            capture_output=True, text=True, timeout=300, cwd=str(top))
         assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout)["tokens"] == want
+        assert snapshot(top) == before
     finally:
         for dirpath, dirnames, _ in os.walk(top):
             os.chmod(dirpath, 0o755)
@@ -153,9 +161,53 @@ def test_read_only_artifact_folder_generates(host_artifacts, target_dir, drafter
 def test_missing_tokenizer_names_the_target_given(capsys, long_artifacts, long_pair, tmp_path):
     target = _copy(long_pair[0], tmp_path / "my-target")
     (target / "tokenizer.json").unlink()
+    before = snapshot(target), snapshot(long_artifacts)
     rc, _, err = cli(capsys, "generate", "--artifacts", long_artifacts, "--target", target, "--prompt", "hello")
     assert_refused(rc, err, f"{target}/tokenizer.json does not exist", "--prompt-ids")
     assert str(long_pair[0]) not in err
+    assert (snapshot(target), snapshot(long_artifacts)) == before
+
+
+def _word_tokenizer(folder: Path, vocab_size: int, added: tuple[str, ...] = ()) -> None:
+    """A word-level tokenizer.json of ids 0..vocab_size-1 ("w7" is 7), with `added` tokens after them."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0, **{f"w{i}": i for i in range(1, vocab_size)}}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_tokens(list(added))
+    tok.save(str(folder / "tokenizer.json"))
+
+
+def test_tokenizer_with_ids_past_the_vocabulary(capsys, host_artifacts, target_dir, tmp_path):
+    """An added token at id vocab_size: refused when the tokenizer loads, naming its tokenizer.json,
+    not encoded into an id the embedding gather reads out of bounds (exit 0 with wrong text, before)."""
+    target = _copy(target_dir, tmp_path / "target")
+    _word_tokenizer(target, 512, ("<zzz>",))
+    before, arts = snapshot(target), snapshot(host_artifacts)
+    rc, out, err = cli(capsys, "generate", "--artifacts", host_artifacts, "--target", target, "--prompt", "w7 <zzz>",
+                       "--max-new-tokens", "4")
+    assert_refused(rc, err, f"{target}/tokenizer.json has token ids up to 512 (<zzz>)", "vocab_size is 512",
+                   "--prompt-ids")
+    assert out == "" and snapshot(target) == before and snapshot(host_artifacts) == arts
+    # token ids still work with it; a tokenizer that fits encodes text
+    assert _generate(capsys, host_artifacts, "--target", target)[0] == 0
+    _word_tokenizer(target, 512)
+    rc, out, err = cli(capsys, "generate", "--artifacts", host_artifacts, "--target", target, "--prompt", "w7 w300",
+                       "--max-new-tokens", "4")
+    assert rc == 0, err
+
+
+def test_encoded_ids_are_checked_against_the_vocabulary(host_artifacts, target_dir, tmp_path):
+    """A codec swapped in after the load (no load-time check) still cannot pass an id past the vocabulary."""
+    from dflash_iree.runtime.text import TextCodec
+
+    target = _copy(target_dir, tmp_path / "target")
+    _word_tokenizer(target, 512, ("<zzz>",))
+    engine = Engine.load(host_artifacts)
+    engine.codec = TextCodec(target)
+    with pytest.raises(DFlashError, match=r"the prompt as .*/tokenizer.json encodes it: token id 512 \(position 1\) "
+                                          r"is outside the vocabulary"):
+        engine.generate("w7 <zzz>", 4)
 
 
 # -- checkpoints ------------------------------------------------------------------------------
@@ -181,8 +233,10 @@ SAFETENSORS_FAULTS = [
 def test_damaged_safetensors_named_before_iree(capsys, host_artifacts, target_dir, tmp_path, damage, needles):
     target = _copy(target_dir, tmp_path / "target")
     damage(target / "model.safetensors")
+    before = snapshot(target), snapshot(host_artifacts)
     rc, _, err = _generate(capsys, host_artifacts, "--target", target)
     assert_refused(rc, err, f"{target}/model.safetensors", *needles)
+    assert (snapshot(target), snapshot(host_artifacts)) == before
 
 
 def _edit_config(folder: Path, **changes) -> Path:
@@ -210,8 +264,10 @@ def test_checkpoint_config_that_differs_from_the_manifest(capsys, host_artifacts
                                                           scope, changes, needle):
     """Same parameter shapes, another model: the parsed config fields are compared, by name."""
     folder = _edit_config(_copy(target_dir if scope == "target" else drafter_dir, tmp_path / scope), **changes)
+    before = snapshot(folder), snapshot(host_artifacts)
     rc, _, err = _generate(capsys, host_artifacts, f"--{scope}", folder)
     assert_refused(rc, err, "the checkpoints do not fit", needle, "in the manifest", "dflash-iree compile --arch host --target")
+    assert (snapshot(folder), snapshot(host_artifacts)) == before
 
 
 def test_checkpoint_with_another_config_hash_but_the_same_fields_binds(capsys, host_artifacts, target_dir, tmp_path):
@@ -234,8 +290,10 @@ def test_drafter_trained_for_another_block_size_warns(capsys, host_artifacts, dr
 def test_drafter_without_config_json(capsys, host_artifacts, drafter_dir, tmp_path):
     folder = _copy(drafter_dir, tmp_path / "d")
     (folder / "config.json").unlink()
+    before = snapshot(folder), snapshot(host_artifacts)
     rc, _, err = _generate(capsys, host_artifacts, "--drafter", folder)
     assert_refused(rc, err, f"{folder}/config.json does not exist")
+    assert (snapshot(folder), snapshot(host_artifacts)) == before
 
 
 def test_out_of_device_memory_names_bytes_and_a_context_that_fits(host_artifacts, monkeypatch):
@@ -244,7 +302,7 @@ def test_out_of_device_memory_names_bytes_and_a_context_that_fits(host_artifacts
     def exhausted(*a, **k):
         raise RuntimeError("Error creating context: RESOURCE_EXHAUSTED; failed to allocate 1234 bytes")
 
-    state, params = guard.memory_needed(json.loads((host_artifacts / "manifest.json").read_text()))
+    state, params = guard.memory_needed(Manifest.load(host_artifacts / "manifest.json"))
     free = int((params + state // 2) / 0.8) + 8  # room for half the caches and the working fifth: max_context 128
     monkeypatch.setattr(rt, "VmContext", exhausted)
     monkeypatch.setattr(guard, "_available_bytes", lambda driver: free)
