@@ -6,10 +6,12 @@ and reports, per temperature: τ, the first-draft match rate (rounds whose first
 accepted) and, beside it, the mean of the coupling bound (1 - TV) / (1 + TV) (Daliri, Musco and
 Suresh 2024), with TV the total variation between the drafter's and the target's distributions of
 the first drafted token, computed at the same positions (each after the request's top-k / top-p:
-the target's kept set, and the drafter's own, as export/sampling.py `draft_tokens` cuts). For greedy
+the target's kept set, and the drafter's whole distribution, or its own kept set where the draft is
+cut: export/sampling.py `DRAFT_CUT`). For greedy
 drafting the matching figure is p_target(draft), the probability that the target draws it. With a
-top-k or top-p, a fourth arm, "coupled-vocab", drafts with the same noise over the whole vocabulary
-instead of the drafter's own kept set: the measurement behind `DRAFT_CUT`.
+top-k or top-p, a fourth arm drafts with the same noise over the other range than `DRAFT_CUT` picks:
+"coupled-cut" over the drafter's own top-k / top-p kept set when the draft ranges over the whole
+vocabulary (the default), "coupled-vocab" otherwise: the measurement behind `DRAFT_CUT`.
 
 `compiled` runs compiled artifacts (the host, or a GPU through bench/on_device.sh) with the arms
 alternated per prompt (coupled, greedy, other, coupled, ...), every arm as separate `draft` and
@@ -83,12 +85,13 @@ def eager(args) -> int:
     rows = []
     for temperature in (float(t) for t in args.temperatures.split(",")):
         sampling = ref.SamplingConfig(temperature, args.top_k, args.top_p)
-        arms = ARMS + (("coupled-vocab",) if args.top_k or args.top_p < 1.0 else ())
+        flip = "coupled-vocab" if DRAFT_CUT else "coupled-cut"
+        arms = ARMS + ((flip,) if args.top_k or args.top_p < 1.0 else ())
         per_arm = {arm: {"tau": [], "first": [], "bound": [], "p_draft": [], "tokens": []} for arm in arms}
         for i, prompt in enumerate(prompts):
             for arm in arms:
                 s = ref.SamplingConfig(temperature, args.top_k, args.top_p, seed=i)
-                cut = arm != "coupled-vocab"
+                cut = (not DRAFT_CUT) if arm == flip else DRAFT_CUT
                 sampling_module.DRAFT_CUT = cut  # read by draft_tokens at each call
                 proposer = ref.DrafterProposer(target, drafter, ref.draft_sampling(s.tensors(), arm.split("-")[0]))
                 proposer.block_size = drafter.block_size

@@ -18,7 +18,7 @@ from test_exactness import PROMPTS, broken_accept, run_exactness
 from dflash_iree.acceptance import accept_length
 from dflash_iree.export.load import load_pair
 from dflash_iree.export.reference import SamplingConfig, draft_sampling, generate_dflash, generate_plain
-from dflash_iree.export.sampling import Sampling, choose_tokens, draft_tokens
+from dflash_iree.export.sampling import Sampling, _kept, choose_tokens, draft_tokens
 from dflash_iree.generation import DRAFT_NOISES
 from dflash_iree.runtime.engine import Engine
 
@@ -41,14 +41,20 @@ def test_a_drafter_with_the_targets_logits_proposes_the_targets_sample(name):
     positions = torch.arange(14).view(2, 7) + 40
     s = SAMPLED[name].tensors()
     s = Sampling(*(torch.cat([t, t]) for t in s))  # two streams
-    assert torch.equal(draft_tokens(logits, positions, s), choose_tokens(logits, positions, s))
-    if s.top_k[0] == 0 and s.top_p[0] == 1.0:  # no cut: the full-vocabulary choice is the same
-        assert torch.equal(draft_tokens(logits, positions, s, cut=False), choose_tokens(logits, positions, s))
+    target = choose_tokens(logits, positions, s)
+    assert torch.equal(draft_tokens(logits, positions, s, cut=True), target)
+    # over the whole vocabulary (the default) the draft is the target's sample wherever it falls in
+    # the target's kept set (always, without top-k / top-p)
+    full = draft_tokens(logits, positions, s)
+    kept = _kept(logits / s.temperature[:, None, None], s.top_k, s.top_p).gather(-1, full[..., None])[..., 0]
+    assert kept.any() and torch.equal(full[kept], target[kept])
+    if s.top_k[0] == 0 and s.top_p[0] == 1.0:
+        assert kept.all()
     # another seed's noise draws other tokens; temperature 0 in a stream is its argmax
     other = draft_sampling(s, "other")
     assert not torch.equal(draft_tokens(logits, positions, other), choose_tokens(logits, positions, s))
     greedy_one = s._replace(temperature=torch.tensor([0.0, s.temperature[1].item()]))
-    got = draft_tokens(logits, positions, greedy_one)
+    got = draft_tokens(logits, positions, greedy_one, cut=True)
     assert torch.equal(got[0], logits[0].argmax(-1)) and torch.equal(got[1], choose_tokens(logits, positions, s)[1])
 
 
