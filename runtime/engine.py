@@ -228,7 +228,8 @@ class Engine:
         decode.prefill(m, req, self.seams)
         decode.check_stop_strings(req)
         if streamer:  # the first token's text, also when the request ends with it
-            yield streamer.push(req.tokens[len(streamer.ids):])
+            streamer.stops = tuple(x for x in req.stop.strings if x)
+            yield streamer.push(req.tokens[len(streamer.ids):], final=req.done)
         ahead = decode.plain_ahead(m, req)
         try:
             while not req.done:
@@ -238,7 +239,7 @@ class Engine:
                     decode.plain_step(m, req, ahead)
                 decode.check_stop_strings(req)
                 if streamer:
-                    yield streamer.push(req.tokens[len(streamer.ids):])
+                    yield streamer.push(req.tokens[len(streamer.ids):], final=req.done)
         finally:
             if ahead is not None:
                 ahead.close()  # waits for the step queued past the last token taken

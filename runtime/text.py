@@ -124,17 +124,34 @@ def find_stop(text: str, stops: Sequence[str]) -> int | None:
 class StreamDecoder:
     """Incremental detokenization: feed committed ids, get the new text piece.
 
-    Holds back text that ends in an incomplete UTF-8 sequence (decoded as U+FFFD) until the
-    next token completes it.
+    Holds back text that ends in an incomplete UTF-8 sequence (decoded as U+FFFD) until the next
+    token completes it, and text that could be the start of one of `stops`, so that the streamed
+    text is the result's text: cut before a stop string, which is never shown (as vLLM's default,
+    include_stop_str_in_output=False).
+
+    stops: the request's stop strings (empty: none).
     """
 
-    def __init__(self, codec: TextCodec):
-        self.codec, self.ids, self.emitted = codec, [], ""
+    def __init__(self, codec: TextCodec, stops: Sequence[str] = ()):
+        self.codec, self.stops, self.ids, self.emitted = codec, tuple(s for s in stops if s), [], ""
 
-    def push(self, ids: Sequence[int]) -> str:
+    def push(self, ids: Sequence[int], final: bool = False) -> str:
+        """The new text after `ids` are committed; `final`: the request is done, give the rest."""
         self.ids.extend(ids)
         text = self.codec.decode(self.ids)
-        if text.endswith("\ufffd"):
+        if text.endswith("\ufffd") and not final:
+            return ""
+        at = find_stop(text, self.stops) if self.stops else None
+        if at is not None:
+            text = text[:at]
+        elif not final:
+            text = text[:len(text) - self._partial_stop(text)]
+        if len(text) <= len(self.emitted) or not text.startswith(self.emitted):
             return ""
         piece, self.emitted = text[len(self.emitted):], text
         return piece
+
+    def _partial_stop(self, text: str) -> int:
+        """Length of the longest end of `text` that a stop string starts with."""
+        return max((n for s in self.stops for n in range(min(len(s) - 1, len(text)), 0, -1)
+                    if s.startswith(text[-n:])), default=0)

@@ -60,3 +60,34 @@ def test_stream_decoder_holds_partial_utf8(codec):
     pieces = [stream.push([i]) for i in ids]
     assert "".join(pieces) == "héllo wörld ✓ done"
     assert all("\ufffd" not in p for p in pieces)
+
+
+@pytest.mark.parametrize("stop", ["wör", "ld ✓", "o w", "done", "zz"])
+def test_stream_decoder_shows_the_result_text_cut_before_a_stop(codec, stop):
+    """Streamed pieces join to the text cut before the stop string (never showing it, nor a start of
+    it that turns out to be one), as the result's text is; without a stop everything comes out."""
+    text = "héllo wörld ✓ done"
+    ids = codec.encode(text)
+    stream = StreamDecoder(codec, [stop])
+    pieces = [stream.push([i], final=n == len(ids) - 1) for n, i in enumerate(ids)]
+    at = text.find(stop)
+    assert "".join(pieces) == (text if at < 0 else text[:at])
+
+
+def test_engine_stream_equals_generate_with_a_stop_string(long_artifacts):
+    """`stream` shows what `generate` returns: the text cut before the stop string (the CLI's
+    default output is the stream)."""
+    from dflash_iree.runtime.engine import Engine
+
+    engine = Engine.load(long_artifacts)
+    full = engine.generate("def f(x):", 40).text
+    stop = full[len(full) // 2:len(full) // 2 + 3]
+    pieces = engine.stream("def f(x):", 40, stop=[stop])
+    streamed = ""
+    try:
+        while True:
+            streamed += next(pieces)
+    except StopIteration as end:
+        result = end.value
+    assert stop not in streamed and streamed == result.text == engine.generate("def f(x):", 40, stop=[stop]).text
+    assert full.startswith(streamed) and len(streamed) <= len(full) // 2
