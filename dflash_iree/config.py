@@ -235,6 +235,10 @@ def load_drafter_config(folder: str | Path, target: TargetConfig) -> DrafterConf
         raise DFlashError(f"{path}: causal drafter attention is not implemented; DFlash drafters attend bidirectionally in the block")
     shape = _layer_shape(raw, path)
     if "mask_token_id" not in dcfg and "mask_token_id" not in raw:
+        if not dcfg and "DFlashDraftModel" not in (raw.get("architectures") or []):
+            raise DFlashError(f"{path}: this is not a DFlash drafter config (no dflash_config; model_type "
+                              f"{raw.get('model_type')!r}): pass a Qwen3 model as the target and a DFlash drafter "
+                              "as the drafter")
         raise DFlashError(f"{path}: dflash_config.mask_token_id is missing")
     mask = int(dcfg.get("mask_token_id", raw.get("mask_token_id")))
     block = int(dcfg.get("block_size", raw.get("block_size", 16)))

@@ -23,6 +23,7 @@ import shutil
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -35,6 +36,7 @@ from dflash_iree.arch import (ALIASES, ARCHS, GPU_OPT, RECORD_HOST_FLAGS, Arch, 
 from dflash_iree.checkpoint import sha256_file
 from dflash_iree.config import DrafterConfig, TargetConfig, config_hash, load_drafter_config, load_target_config
 from dflash_iree.errors import DFlashError
+from dflash_iree.guard import DFlashWarning
 from dflash_iree.export import out_folder
 from dflash_iree.export.iree_tool import iree_compile_tool, run_iree_compile, scheduling_stats
 from dflash_iree.export.splice import splice_file
@@ -99,6 +101,10 @@ def plan(target_dir: str | Path, drafter_dir: str | Path, block_size: int | None
     dtype = dtype or tcfg.dtype
     if dtype not in COMPUTE_DTYPES:
         raise DFlashError(f"--dtype {dtype} is not supported; use bf16, f16 or f32")
+    if dtype != tcfg.dtype:
+        warnings.warn(f"--dtype {dtype}: the target's config.json says {tcfg.dtype}, and the runtime binds a "
+                      f"checkpoint's tensors as stored, so these artifacts need {dtype} checkpoints of this config "
+                      f"(convert them, or compile with --dtype {tcfg.dtype}, the default)", DFlashWarning, stacklevel=2)
     if streams < 1:
         raise DFlashError(f"--streams {streams} is out of range: use 1")
     if streams > 1 and not multi_stream:

@@ -134,7 +134,9 @@ class Artifacts:
                 problems.append(f"  {scope} {key}: expected dtype {want['dtype']}, found {info.dtype} in {info.file.name}")
         if problems and only_dtype:
             found = {i.dtype for i in index.values()}
-            problems.append(f"{DTYPE_HINT} {'/'.join(sorted(found))}: recompile with --dtype {sorted(found)[0]}")
+            problems.append(f"{DTYPE_HINT} {'/'.join(sorted(found))} and the runtime binds its tensors as stored: "
+                            f"recompile with --dtype {sorted(found)[0]}, or convert the checkpoints to "
+                            f"{self.manifest.dtype}")
         return problems
 
     def bind(self, device, target: str | None = None, drafter: str | None = None, device_name: str | None = None):
@@ -247,7 +249,7 @@ def _map_module(rt, instance, path: Path):
 def _problem_lines(problems: list[str]) -> str:
     """`check_checkpoint`'s lines: the first MAX_PROBLEM_LINES of the per-parameter ones, a count of
     the rest, then its closing hints (the dtype to recompile with) whole."""
-    hints = [p for p in problems if p.startswith(DTYPE_HINT)]
+    hints = list(dict.fromkeys(p for p in problems if p.startswith(DTYPE_HINT)))  # once for both checkpoints
     params = [p for p in problems if not p.startswith(DTYPE_HINT)]
     more = len(params) - MAX_PROBLEM_LINES
     return "\n".join(params[:MAX_PROBLEM_LINES] + ([f"  ... and {more} more"] if more > 0 else []) + hints)

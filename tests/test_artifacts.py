@@ -120,5 +120,6 @@ def test_dtype_only_mismatch_names_the_compile_flag(host_artifacts, target_dir, 
     bad = shutil.copytree(target_dir, tmp_path / "t16")
     tensors = {k: v.half() for k, v in load_file(str(bad / "model.safetensors")).items()}
     save_file(tensors, str(bad / "model.safetensors"))
-    with pytest.raises(DFlashError, match="recompile with --dtype f16"):
+    with pytest.raises(DFlashError, match="recompile with --dtype f16, or convert the checkpoints to f32") as e:
         Engine.load(host_artifacts, target=str(bad))
+    assert str(e.value).count("recompile with") == 1

@@ -154,3 +154,11 @@ def test_aliases():
 def test_refuses_sm_90_with_the_way_that_works(capsys, tmp_path, target_dir, drafter_dir):
     _refused(capsys, ["--arch", "sm_90", "--target", str(target_dir), "--drafter", str(drafter_dir)],
              tmp_path / "o", r"no sm_90 target .*JIT-compiled for Hopper.*use --arch h200 or h100 \(sm_80\)")
+
+
+def test_a_dtype_other_than_the_checkpoints_warns(target_dir, drafter_dir):
+    """The runtime binds tensors as stored: f16 artifacts of an f32 checkpoint need an f16 copy."""
+    from dflash_iree.guard import DFlashWarning
+
+    with pytest.warns(DFlashWarning, match="--dtype f16: the target's config.json says f32.*convert them"):
+        cc.plan(target_dir, drafter_dir, dtype="f16")

@@ -139,6 +139,11 @@ def test_target_given_as_drafter(target_dir, drafter_dir):
         load_target_config(drafter_dir)
 
 
+def test_a_target_given_as_the_drafter_is_named(target_dir):
+    with pytest.raises(DFlashError, match="not a DFlash drafter config .*pass a Qwen3 model as the target"):
+        load_drafter_config(target_dir, load_target_config(target_dir))
+
+
 def test_block_size_out_of_range(target_dir, drafter_dir):
     with pytest.raises(DFlashError, match=r"block_size 9 is out of range: use 2..8"):
         load_pair(target_dir, drafter_dir, 64, block_size=9)
