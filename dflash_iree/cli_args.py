@@ -32,7 +32,7 @@ _SAMPLING_HELP = {
     "temperature": (float, "0 is greedy; otherwise a sample keyed by (seed, position)"),
     "top_k": (int, "keep the k most likely tokens; 0: no cut"),
     "top_p": (float, "keep the smallest set of tokens of this mass; 1.0: no cut"),
-    "seed": (int, "key of the sample (its low 32 bits)"),
+    "seed": (int, "key of the sample, 0..4294967295"),
 }
 
 
@@ -44,8 +44,8 @@ def _sampling_arguments(p: argparse.ArgumentParser, names=tuple(_SAMPLING_HELP))
                        help=f"{what} (default %(default)s)")
 
 
-def _encoding_argument(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--encoding", default="utf-8", help="encoding of --prompt, --stop and prompt files "
+def _encoding_argument(p: argparse.ArgumentParser, what: str = "--prompt, --stop and prompt files") -> None:
+    p.add_argument("--encoding", default="utf-8", help=f"encoding of {what} "
                    "(default utf-8; bytes that are not valid in it are refused)")
 
 
@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--prompts", required=True, help="JSONL file with a \"prompt\" field per line")
     b.add_argument("--limit", type=int, help="use the first N prompts")
     _sampling_arguments(b, ("temperature", "seed"))
-    b.add_argument("--runs", type=int, default=1)
+    b.add_argument("--runs", type=int, default=1, help="runs of every prompt per arm, alternated (default 1)")
     b.add_argument("--json", help="write the results as JSON to this file")
     b.add_argument("--plot", help="draw the τ histogram and tok/s to this PNG (needs matplotlib)")
     b.add_argument("--quiet", action="store_true", help="no per-prompt lines")
@@ -109,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     _sampling_arguments(e)
     e.add_argument("--no-draft", action="store_true", help="plain decoding even with --drafter")
     e.add_argument("--json", action="store_true", help="print tokens and stats as JSON")
-    _encoding_argument(e)
+    _encoding_argument(e, "--prompt")
 
     c = sub.add_parser("compile", help="export target + drafter and compile them to compiled/ARCH (vmfb + manifest)")
     c.add_argument("--arch", default="host", help=f"{', '.join(ARCHS)}, or an alias: {', '.join(ALIASES)} "

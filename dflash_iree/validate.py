@@ -43,7 +43,7 @@ def integer(value, option: str, low: int, high: int | None = None, fix: str = ""
     """
     span = f"{low} or more" if high is None else f"{low}..{high}"
     if not _is_int(value):
-        raise DFlashError(f"{option} {value!r} is not an integer; use one in {span}{fix}")
+        raise DFlashError(f"{option} {value!r} is not an integer; use an integer, {span}{fix}")
     if value < low or (high is not None and value > high):
         raise DFlashError(f"{option} {value} is out of range: use {span}{fix}")
     return int(value)
