@@ -112,7 +112,8 @@ def test_manifest(host_cli, target_dir, drafter_dir):
     assert (m["block_size"], m["max_context"], m["dtype"], m["streams"]) == (8, CONTEXT, "f32", 1)
     names = [e["name"] for e in m["entry_points"]]
     assert names == ["prefill", "verify", "decode", "verify_draft", "prefill_sampled", "verify_sampled",
-                     "decode_sampled", "verify_draft_sampled", "absorb", "draft", "draft_topk"]
+                     "decode_sampled", "verify_draft_sampled", "absorb", "draft", "draft_topk", "draft_sampled",
+                     "draft_topk_sampled"]
     e = {x["name"]: x for x in m["entry_points"]}
     assert e["verify"]["args"][0] == {"name": "tokens", "shape": [1, 8], "dtype": "i64"}
     assert e["verify"]["results"] == [{"name": "taps", "shape": [1, 8, 128], "dtype": "f32"}]
