@@ -128,8 +128,8 @@ def choose_tokens(logits: torch.Tensor, positions: torch.Tensor, sampling: Sampl
 
 
 # The drafter's choice ranges over the whole vocabulary, not over its own top-k / top-p kept set:
-# the cut gained at most 1% in tau on the demo pair and cost a round 0.4 ms on the H200 (53 more
-# dispatches a draft); experiments/2026-12-02-coupled-drafting/, docs/architecture.md.
+# the cut gained at most 1% in tau on the demo pair and cost a round 0.39 ms on the H200 (70 more
+# dispatches a draft in the tiny sm_80 build); experiments/2026-12-02-coupled-drafting/, docs/architecture.md.
 DRAFT_CUT = False
 
 
