@@ -10,12 +10,27 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from .acceptance import tau_histogram
+from .errors import DFlashError
 
 # What a drafter drafts with at T > 0 (export/sampling.py `draft_tokens`): the target's own keyed noise
 # ("coupled", what requests get), or, as benchmark controls that keep the tokens and lose acceptance,
 # a greedy draft ("greedy") or the noise of another seed ("other": the seed xor OTHER_DRAFT_SEED).
 DRAFT_NOISES = ("coupled", "greedy", "other")
 OTHER_DRAFT_SEED = 0x5BD1E995
+
+
+def draft_seed(seed: int, draft_noise: str) -> int | None:
+    """The seed a sampled request's drafts use: its own ("coupled"), none (None: "greedy"), or
+    seed xor OTHER_DRAFT_SEED ("other").
+
+    Raises:
+        DFlashError: a draft_noise not in DRAFT_NOISES.
+    """
+    if draft_noise not in DRAFT_NOISES:
+        raise DFlashError(f"draft_noise {draft_noise!r}: use one of {', '.join(DRAFT_NOISES)}")
+    if draft_noise == "greedy":
+        return None
+    return seed ^ OTHER_DRAFT_SEED if draft_noise == "other" else seed
 
 
 class DraftTopK(NamedTuple):

@@ -25,7 +25,7 @@ import torch
 from dflash_iree import validate
 from dflash_iree.acceptance import accept_length, check_fits, commit_round
 from dflash_iree.errors import DFlashError
-from dflash_iree.generation import DRAFT_NOISES, OTHER_DRAFT_SEED, GenerationResult
+from dflash_iree.generation import GenerationResult, draft_seed
 from dflash_iree.runtime.options import GenerateOptions
 
 from .dflash import DFlashDrafter
@@ -88,13 +88,10 @@ def draft_sampling(sampling: Sampling | None, draft_noise: str = "coupled") -> S
     Raises:
         DFlashError: a draft_noise not in DRAFT_NOISES.
     """
-    if draft_noise not in DRAFT_NOISES:
-        raise DFlashError(f"draft_noise {draft_noise!r}: use one of {', '.join(DRAFT_NOISES)}")
-    if sampling is None or draft_noise == "greedy":
+    seed = draft_seed(0 if sampling is None else sampling.seed, draft_noise)
+    if sampling is None or seed is None:
         return None
-    if draft_noise == "other":
-        return sampling._replace(seed=sampling.seed ^ OTHER_DRAFT_SEED)
-    return sampling
+    return sampling._replace(seed=seed)
 
 
 class DrafterProposer:

@@ -38,7 +38,7 @@ from collections.abc import Generator
 from dflash_iree import validate
 from dflash_iree.acceptance import check_fits
 from dflash_iree.errors import DFlashError
-from dflash_iree.generation import DRAFT_NOISES, DraftTopK, GenerationResult
+from dflash_iree.generation import DraftTopK, GenerationResult, draft_seed
 
 from . import decode
 from .artifacts import Artifacts, open_device
@@ -210,8 +210,7 @@ class Engine:
         stop = self._stop_rule(o.stop, o.max_new_tokens)
         m, s = self.module, self.seams
         # a top_k above the vocabulary keeps every token, as 0 does; clamped so that no int64 overflows
-        if s.draft_noise not in DRAFT_NOISES:
-            raise DFlashError(f"draft_noise {s.draft_noise!r}: use one of {', '.join(DRAFT_NOISES)}")
+        draft_seed(o.seed, s.draft_noise)  # refuses an unknown draft_noise before any call
         # before has_verify_draft: it is per sampling mode
         m.set_sampling(o.temperature, min(o.top_k, self.vocab_size), o.top_p, o.seed, s.draft_noise)
         fused = (o.drafted and s.fused_round and s.proposer is None and not top_k and m.has_verify_draft()

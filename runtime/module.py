@@ -33,7 +33,7 @@ from operator import is_
 import numpy as np
 
 from dflash_iree.errors import DFlashError
-from dflash_iree.generation import OTHER_DRAFT_SEED
+from dflash_iree.generation import draft_seed
 from dflash_iree.manifest import numpy_dtype
 
 
@@ -205,10 +205,10 @@ class CompiledPair:
             args = (np.array([temperature], np.float32), np.array([top_k], np.int64), np.array([top_p], np.float32))
             self._sampling = tuple(self._stage.arg(a, constant=True) for a in (*args, np.array([seed], np.int64)))
             self._draft_suffix, self._draft_sampling = "", ()
-            if draft_noise != "greedy" and "draft_sampled" in self.fn:
-                draft_seed = seed ^ OTHER_DRAFT_SEED if draft_noise == "other" else seed
+            d_seed = draft_seed(seed, draft_noise)
+            if d_seed is not None and "draft_sampled" in self.fn:
                 self._draft_suffix = "_sampled"
-                self._draft_sampling = self._sampling[:3] + (self._stage.arg(np.array([draft_seed], np.int64),
+                self._draft_sampling = self._sampling[:3] + (self._stage.arg(np.array([d_seed], np.int64),
                                                                             constant=True),)
         else:
             self._suffix, self._sampling = "", ()
