@@ -9,7 +9,7 @@ import threading
 import httpx
 import openai
 import pytest
-from badinput import assert_refused, cli
+from badinput import assert_refused, cli, dflash
 from serving import Server, chat_target, wait_for_metric
 
 KEY = "s3cret"
@@ -96,3 +96,10 @@ def test_cli_refusals(capsys, host_artifacts):
         port = taken.getsockname()[1]
         rc, _, err = cli(capsys, "serve", "--artifacts", host_artifacts, "--port", port)
     assert_refused(rc, err, f"--port {port}: cannot listen there", "choose another --port")
+
+
+def test_engine_that_fails_to_load_stops_the_server_with_one_line(host_artifacts, tmp_path):
+    """The weights load after the socket is bound (/health says 503 meanwhile); a failure there
+    still ends the command with status 2 and the one-line reason."""
+    r = dflash("serve", "--artifacts", host_artifacts, "--target", tmp_path, "--port", 0, timeout=120)
+    assert_refused(r.returncode, r.stderr, f"{tmp_path}: no model.safetensors")
