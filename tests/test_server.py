@@ -106,8 +106,10 @@ def test_stop_string_cuts_as_generate(client, engine):
 
 
 def test_eight_concurrent_requests_queue_on_one_stream(server, engine):
-    """8 requests at once on the 1-stream module: 7 wait, every one equals its request run alone."""
-    jobs = [([3 + i, 100 + i, 7], 10 + 5 * i, {"temperature": 0.7 * (i % 2), "seed": i}) for i in range(8)]
+    """8 requests at once on the 1-stream module: 7 wait, every one equals its request run alone
+    (greedy and seeded, drafted and, for every third, plain decoding)."""
+    jobs = [([3 + i, 100 + i, 7], 10 + 5 * i, {"temperature": 0.7 * (i % 2), "seed": i, "speculative": i % 3 != 0})
+            for i in range(8)]
 
     def run(job):
         ids, n, sampling = job
