@@ -4,6 +4,7 @@ Subcommands:
 - `generate`: decode with compiled artifacts on an IREE device (the runtime; no torch).
 - `bench`: the same prompts plain and drafted, alternated, with tok/s, τ and speedup.
 - `demo`: one held-out prompt plain and drafted: the text, τ and tok/s of each (`make demo`).
+- `serve`: an OpenAI-compatible HTTP server over the compiled artifacts (runtime/server.py).
 - `compile`: export target + drafter and lower them for one ARCH (needs the `compile` extra).
 - `topk-check`: parity of the draft top-K dispatch on a device.
 - `eager`: decode with the eager PyTorch reference (needs the `compile` extra), plain or DFlash.
@@ -119,6 +120,14 @@ def cmd_compile(args) -> int:
     compile_artifacts(args.arch, args.target, args.drafter, args.out, args.block_size, args.max_context, args.dtype,
                       args.streams, use_cache=not args.no_export_cache, draft_top_k=args.draft_top_k)
     return 0
+
+
+def cmd_serve(args) -> int:
+    """The OpenAI-compatible server (runtime/server.py) until SIGTERM or Ctrl-C."""
+    from dflash_iree.runtime.server import serve
+
+    return serve(args.artifacts, args.target, args.drafter, args.device, args.host, args.port, args.parallel,
+                 args.api_key, args.max_queue, args.model_name, args.shutdown_timeout, args.log_level)
 
 
 def _load_engine(args):
@@ -260,7 +269,7 @@ def cmd_demo(args) -> int:
     return 0 if drafted.tokens == exact.tokens else 1
 
 
-COMMANDS = {"generate": cmd_generate, "bench": cmd_bench, "demo": cmd_demo, "eager": cmd_eager,
+COMMANDS = {"generate": cmd_generate, "bench": cmd_bench, "demo": cmd_demo, "serve": cmd_serve, "eager": cmd_eager,
             "compile": cmd_compile, "topk-check": cmd_topk_check}
 
 

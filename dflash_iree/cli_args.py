@@ -96,6 +96,27 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--prompts", default="bench/prompts/code.jsonl")
     d.add_argument("--index", type=int, default=0, help="which prompt of the file")
 
+    s = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)")
+    s.add_argument("--artifacts", default="compiled/host", help="folder written by dflash-iree compile")
+    s.add_argument("--target", help="target checkpoint folder (default: the one in the manifest)")
+    s.add_argument("--drafter", help="drafter checkpoint folder (default: the one in the manifest)")
+    s.add_argument("--device", help="IREE device: local-task, cuda, cuda://1, hip (default: the arch's)")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1, loopback only; "
+                   "any other address, such as 0.0.0.0, must be given here explicitly, and then anyone who can reach "
+                   "it can use the server: consider --api-key)")
+    s.add_argument("--port", type=int, default=8000, help="TCP port (default %(default)s; 0: any free one, printed "
+                   "at start)")
+    s.add_argument("--parallel", type=int, help="requests decoded at once, at most the artifacts' streams "
+                   "(dflash-iree compile --streams N) (default: all of them)")
+    s.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on every route but /health")
+    s.add_argument("--max-queue", type=int, default=64, help="requests that may wait for a stream; more are answered "
+                   "429 with Retry-After (default %(default)s)")
+    s.add_argument("--model-name", help="the model id of /v1/models and requests (default: the target folder's name)")
+    s.add_argument("--shutdown-timeout", type=float, default=30.0, help="seconds SIGTERM or Ctrl-C lets running "
+                   "and queued requests finish before cancelling them (default %(default)s)")
+    s.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"),
+                   help="uvicorn's log level (default %(default)s: one access line per request)")
+
     e = sub.add_parser("eager", help="decode with the eager PyTorch reference (plain or DFlash)")
     e.add_argument("--target", required=True, help="Qwen3 checkpoint folder")
     e.add_argument("--drafter", help="DFlash drafter checkpoint folder (omit for plain decoding)")
