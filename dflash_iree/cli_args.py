@@ -121,8 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--max-context", type=int, help="KV cache length in tokens (default 4096, or the target's "
                    "max_position_embeddings when smaller)")
     c.add_argument("--dtype", choices=COMPUTE_DTYPES, help="default: the target config's torch_dtype")
-    c.add_argument("--streams", type=int, default=1, help="leading stream dimension of every entry point; "
-                   "only 1 (the default) until the runtime serves several streams")
+    c.add_argument("--streams", type=int, default=1, help="requests served together in one round, 1..64 "
+                   "(default 1): the leading stream dimension of every entry point and KV cache")
     c.add_argument("--draft-top-k", type=int, default=8, metavar="K",
                    help="K of the draft_topk entry point (the draft's top-K ids and log-probs, on the device), "
                         "1..64; 0 compiles none (default 8)")
