@@ -122,7 +122,8 @@ class BatchEngine:
             raise DFlashError(f"request_id {request_id!r} is already running; give each request its own id")
         o = options or GenerateOptions()
         if o.draft_top_k:
-            raise DFlashError("draft_top_k is not served by the batch engine; use Engine.generate for it")
+            raise DFlashError("draft_top_k is not served by the batch engine (runtime/batch.py) yet: use "
+                              "Engine.generate on artifacts compiled with --streams 1 for it")
         e = self.engine
         ids = e.encode_prompt(list(prompt_ids))
         B = self.block_size

@@ -173,3 +173,19 @@ def test_one_stream_module(host_artifacts):
     got = batch.generate_many(prompts, opts)
     assert batch.capacity == 1
     assert [r.tokens for r in got] == [e.generate(p, options=o).tokens for p, o in zip(prompts, opts)]
+
+
+def test_engine_generate_on_a_streams_module(engine, truths):
+    """Engine.generate / stream on the S = 4 module run the request alone through the batch engine."""
+    prompt, o, _ = REQUESTS[1]
+    want = truths[tuple(prompt)][len(prompt):len(prompt) + o.max_new_tokens]
+    assert engine.generate(prompt, options=o).tokens == want
+    run = engine.stream(prompt, options=o)
+    while True:
+        try:
+            next(run)
+        except StopIteration as end:
+            assert end.value.tokens == want
+            break
+    with pytest.raises(DFlashError, match=r"^draft_top_k is not served by the batch engine"):
+        engine.generate(prompt, draft_top_k=2)
