@@ -90,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", help="write the results as JSON to this file")
     b.add_argument("--plot", help="draw the τ histogram and tok/s to this PNG (needs matplotlib)")
     b.add_argument("--quiet", action="store_true", help="no per-prompt lines")
+    b.add_argument("--parallel", metavar="N,N", help="stream counts to run the prompts at, e.g. 1,4: the batch "
+                   "engine with N requests at once (up to the artifacts' --streams), aggregate and per-stream tok/s, "
+                   "TTFT and τ per count and arm")
 
     d = sub.add_parser("demo", help="one held-out prompt, plain and drafted: text, τ and tok/s")
     _runtime_arguments(d)

@@ -164,12 +164,13 @@ class BatchEngine:
         return events
 
     def generate_many(self, prompts: Sequence, options: GenerateOptions | Sequence[GenerateOptions] | None = None,
-                      ) -> list[GenerationResult]:
+                      concurrency: int | None = None) -> list[GenerationResult]:
         """Generate a completion for each prompt (text, ids or chat messages), up to `capacity` at
         once, the rest joining as slots free; each result is the one `Engine.generate` gives.
 
         Args:
             options: one GenerateOptions for all prompts, or one per prompt (default: all defaults).
+            concurrency: at most this many at once (default and at most `capacity`).
 
         Raises:
             DFlashError: as `add`, for the first bad prompt or option (before any work); a busy engine.
@@ -186,7 +187,7 @@ class BatchEngine:
         for t in todo:  # every prompt checked before any work
             check_fits(len(t[1]), t[2].max_new_tokens, self.block_size, self.engine.max_context)
         while todo or self.active:
-            while todo and self.active < self.capacity:
+            while todo and self.active < min(concurrency or self.capacity, self.capacity):
                 self.add(*todo.popleft())
             for ev in self.step():
                 if ev.finished:

@@ -189,3 +189,24 @@ def test_engine_generate_on_a_streams_module(engine, truths):
             break
     with pytest.raises(DFlashError, match=r"^draft_top_k is not served by the batch engine"):
         engine.generate(prompt, draft_top_k=2)
+
+
+def test_bench_parallel(streams_artifacts, tmp_path):
+    """`dflash-iree bench --parallel 1,4`: a table and JSON per stream count and arm, same tokens; a count
+    above the module's streams refused in one line with status 2."""
+    import json
+    import subprocess
+    import sys
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p, _, _ in REQUESTS[:5]))
+    cli = [sys.executable, "-m", "dflash_iree", "bench", "--artifacts", str(streams_artifacts), "--prompts", str(prompts),
+           "--max-new-tokens", "12", "--quiet"]
+    done = subprocess.run(cli + ["--parallel", "1,4", "--json", str(tmp_path / "r.json")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    r = json.loads((tmp_path / "r.json").read_text())
+    assert r["same_tokens"] and set(r["levels"]) == {"1", "4"} and "aggregate tok/s" in done.stdout
+    assert r["levels"]["4"]["dflash"]["tau_mean"] >= 1 and r["levels"]["4"]["plain"]["ttft_ms"] > 0
+    bad = subprocess.run(cli + ["--parallel", "1,5"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert "--parallel '1,5': use stream counts 1..4" in bad.stderr
