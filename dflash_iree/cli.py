@@ -206,9 +206,20 @@ def cmd_bench(args) -> int:
             _check_not_overwriting(Path(path), option, Path(args.prompts), json_result=option == "--json")
     if args.plot:
         check_plot()
+    if args.parallel is not None and args.plot:
+        raise DFlashError("--plot draws the one-stream bench; leave it out with --parallel")
     engine = _load_engine(args)
-    result = run_bench(engine, prompts, args.max_new_tokens, args.temperature, args.seed, args.runs,
-                       log=None if args.quiet else lambda m: print(m, file=sys.stderr))
+    log = None if args.quiet else lambda m: print(m, file=sys.stderr)
+    if args.parallel is not None:
+        from dflash_iree.runtime.bench_parallel import format_parallel_table, parse_levels, run_parallel
+
+        levels = parse_levels(args.parallel, engine.streams)
+        result = run_parallel(engine, prompts, levels, args.max_new_tokens, args.temperature, args.seed, args.runs, log)
+        print(format_parallel_table(result))
+        if args.json:
+            write_atomic(args.json, json.dumps(result, indent=1) + "\n")
+        return 0 if result["same_tokens"] else 1
+    result = run_bench(engine, prompts, args.max_new_tokens, args.temperature, args.seed, args.runs, log=log)
     print(format_table(result))
     if args.json:
         write_atomic(args.json, json.dumps(result, indent=1) + "\n")

@@ -90,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", help="write the results as JSON to this file")
     b.add_argument("--plot", help="draw the τ histogram and tok/s to this PNG (needs matplotlib)")
     b.add_argument("--quiet", action="store_true", help="no per-prompt lines")
+    b.add_argument("--parallel", metavar="N,N", help="stream counts to run the prompts at, e.g. 1,4: the batch "
+                   "engine with N requests at once (up to the artifacts' --streams), aggregate and per-stream tok/s, "
+                   "TTFT and τ per count and arm")
 
     d = sub.add_parser("demo", help="one held-out prompt, plain and drafted: text, τ and tok/s")
     _runtime_arguments(d)
@@ -142,8 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--max-context", type=int, help="KV cache length in tokens (default 4096, or the target's "
                    "max_position_embeddings when smaller)")
     c.add_argument("--dtype", choices=COMPUTE_DTYPES, help="default: the target config's torch_dtype")
-    c.add_argument("--streams", type=int, default=1, help="leading stream dimension of every entry point; "
-                   "only 1 (the default) until the runtime serves several streams")
+    c.add_argument("--streams", type=int, default=1, help="requests served together in one round, 1..64 "
+                   "(default 1): the leading stream dimension of every entry point and KV cache")
     c.add_argument("--draft-top-k", type=int, default=8, metavar="K",
                    help="K of the draft_topk entry point (the draft's top-K ids and log-probs, on the device), "
                         "1..64; 0 compiles none (default 8)")

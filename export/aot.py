@@ -29,7 +29,9 @@ the drafter uses too) are bound once. What the module looks like from outside:
 - Every custom kernel is a named op of export/ops.py (the linears, the block attention, the head
   norm + rope, and `draft_topk`'s top-K, when compiled with a top-K count), which export/splice.py
   lowers per arch to the kernels of kernels/ or to IREE's own ops.
-- The leading dim S of every argument is the stream count (1 for now).
+- The leading dim S of every argument is the stream count (`--streams`): each stream its own
+  `start`, sampling parameters and `n_draft`; a module of S > 1 streams also has a per-stream
+  prefill and absorb (export/stream_entry_points.py), so that a request joins without touching the others.
 
 The functions themselves, each one's signature and body, are in export/entry_points.py. The model
 is built on the meta device, so exporting the 8B shapes allocates no weights.
@@ -49,6 +51,7 @@ from .dflash import DFlashDrafter
 from .qwen3 import Qwen3
 from .entry_points import BODIES, EntryPoint, ExportShapes, TensorSpec, entry_points, export_shapes  # noqa: F401
 from .mlir import strip_locations
+from .stream_entry_points import STREAM_BODIES
 
 TARGET_SCOPE = "target"
 DRAFTER_SCOPE = "drafter"
@@ -146,7 +149,7 @@ def export_module(pair: Pair, shapes: ExportShapes, sampled: bool = True, log=No
         table[torch.ops.aten.linear.default] = _linear_2d
         for entry in entries:
             examples = [_example(a, dims) for a in entry.args]
-            fxb.export_program(BODIES[entry.name], name=entry.name, args=tuple(e for e, _ in examples),
+            fxb.export_program({**BODIES, **STREAM_BODIES}[entry.name], name=entry.name, args=tuple(e for e, _ in examples),
                                dynamic_shapes=tuple(d for _, d in examples), strict=False)
             log(f"export: traced {entry.name}")
     output = aot.export(fxb, module_name="dflash", import_symbolic_shape_expressions=True)

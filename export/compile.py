@@ -69,14 +69,16 @@ class Plan:
     export_reused: bool = False  # the MLIR came from the export cache
 
 
+MAX_STREAMS = 64  # each stream is a whole KV cache slot (S x max_context rows); more is a memory mistake
+
 def plan(target_dir: str | Path, drafter_dir: str | Path, block_size: int | None = None,
          max_context: int | None = None, dtype: str | None = None, streams: int = 1, sampled: bool = True,
-         draft_top_k: int = DEFAULT_DRAFT_TOP_K, attention: str = "fused", *, multi_stream: bool = False) -> Plan:
+         draft_top_k: int = DEFAULT_DRAFT_TOP_K, attention: str = "fused") -> Plan:
     """Read and check the two config.json files and the options. Reads no weights, writes nothing.
 
-    streams: the leading stream dimension S of every entry point and cache. Only 1 is accepted, as
-    the runtime serves stream 0 alone; `multi_stream=True` lets S > 1 through, for the test that
-    keeps the stream dimension exporting and compiling (tests/test_compile.py), never for users.
+    streams: the leading stream dimension S of every entry point and cache, 1..MAX_STREAMS: the
+    requests a module serves in one round (runtime/batch.py); S > 1 adds the per-stream prefill
+    (export/stream_entry_points.py).
 
     draft_top_k: K of the `draft_topk` entry point (the draft's top-K ids and log-probs), 1..64 and
     at most the vocabulary; 0 compiles no such entry point.
@@ -84,8 +86,7 @@ def plan(target_dir: str | Path, drafter_dir: str | Path, block_size: int | None
 
     Raises:
         DFlashError: a missing config, an unsupported family, a drafter that does not fit the
-            target, block_size / max_context / dtype / streams / draft_top_k out of range, streams > 1
-            without multi_stream.
+            target, block_size / max_context / dtype / streams / draft_top_k out of range.
     """
     from dflash_iree.kernels.topk import MAX_K
 
@@ -105,11 +106,9 @@ def plan(target_dir: str | Path, drafter_dir: str | Path, block_size: int | None
         warnings.warn(f"--dtype {dtype}: the target's config.json says {tcfg.dtype}, and the runtime binds a "
                       f"checkpoint's tensors as stored, so these artifacts need {dtype} checkpoints of this config "
                       f"(convert them, or compile with --dtype {tcfg.dtype}, the default)", DFlashWarning, stacklevel=2)
-    if streams < 1:
-        raise DFlashError(f"--streams {streams} is out of range: use 1")
-    if streams > 1 and not multi_stream:
-        raise DFlashError(f"--streams {streams} is not supported yet: the runtime serves one stream (stream 0) "
-                          "only; use --streams 1 (the default)")
+    if not 1 <= streams <= MAX_STREAMS:
+        raise DFlashError(f"--streams {streams} is out of range: use 1..{MAX_STREAMS} (the requests served in one "
+                          "round; every KV cache holds one slot per stream)")
     most = min(MAX_K, tcfg.vocab_size)
     if not 0 <= draft_top_k <= most:
         raise DFlashError(f"--draft-top-k {draft_top_k} is out of range: use 1..{most} (the top-K kernel's limit, "

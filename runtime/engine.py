@@ -66,6 +66,7 @@ class Engine:
         # manifests written before it existed)
         self.compiled_draft_top_k = int(artifacts.manifest.draft_top_k)
         self.vocab_size = int(artifacts.manifest.target["config"]["vocab_size"])  # request ids are checked against it
+        self.streams = int(artifacts.manifest.streams)  # > 1: requests run through runtime/batch.py
         self.text_error = f"{artifacts.target_folder} has no tokenizer.json; pass token ids"  # why text fails (codec None)
 
     @classmethod
@@ -183,7 +184,8 @@ class Engine:
                 without drafting, or a request that does not fit max_context.
             TypeError: a keyword that is no option.
         """
-        run = self._decode(self._request(prompt, _options(max_new_tokens, options, kw)), None)
+        o = _options(max_new_tokens, options, kw)
+        run = self._decode_streams(prompt, o) if self.streams > 1 else self._decode(self._request(prompt, o), None)
         while True:
             try:
                 next(run)
@@ -195,8 +197,26 @@ class Engine:
         """Yield text pieces as tokens are committed (same arguments as `generate`; nothing without
         a tokenizer). The generator's return value is the GenerationResult (`StopIteration.value`,
         or `result = yield from engine.stream(...)`); its times include the consumer's between pieces."""
-        req = self._request(prompt, _options(max_new_tokens, options, kw))
+        o = _options(max_new_tokens, options, kw)
+        if self.streams > 1:
+            return (yield from self._decode_streams(prompt, o))
+        req = self._request(prompt, o)
         return (yield from self._decode(req, StreamDecoder(self.codec) if self.codec else None))
+
+    def _decode_streams(self, prompt, o: GenerateOptions) -> Generator[str, None, GenerationResult]:
+        """One request on a module of several streams: through the batch engine, alone (the
+        one-stream calls of runtime/module.py would not fit its [S, ...] arguments)."""
+        from .batch import BatchEngine
+
+        self._check_draft_top_k(o.draft_top_k, o.drafted, self.seams.proposer)
+        batch = BatchEngine(self)
+        batch.add("generate", self.encode_prompt(prompt, o.enable_thinking), o)
+        while True:
+            for ev in batch.step():
+                if ev.text:
+                    yield ev.text
+                if ev.finished:
+                    return ev.result
 
     def _request(self, prompt, o: GenerateOptions) -> Request:
         """A new Request for `prompt` with options `o`, checked against these artifacts; sets the

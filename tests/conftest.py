@@ -66,3 +66,18 @@ def long_artifacts(tmp_path_factory, long_pair) -> Path:
     out = tmp_path_factory.mktemp("compiled-long") / "host"
     compile_artifacts("host", *long_pair, out, max_context=LONG_CONTEXT, log=Progress(open(os.devnull, "w")))
     return out
+
+
+STREAMS = 4  # the multi-stream module's S
+
+
+@pytest.fixture(scope="session")
+def streams_artifacts(tmp_path_factory, target_dir, drafter_dir) -> Path:
+    """The tiny pair compiled for the host CPU with --streams STREAMS (block 8, max_context 256), once
+    per session: the batch engine's tests (tests/test_batch.py) and the stream dimension's."""
+    from dflash_iree.export.compile import Progress, compile_artifacts
+
+    out = tmp_path_factory.mktemp("compiled-streams") / "host"
+    compile_artifacts("host", target_dir, drafter_dir, out, max_context=256, streams=STREAMS,
+                      log=Progress(open(os.devnull, "w")))
+    return out

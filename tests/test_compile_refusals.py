@@ -62,9 +62,8 @@ def test_refuses_mismatched_drafter(capsys, tmp_path, target_dir, drafter_dir):
     (["--max-context", "32"], r"--max-context 32 is out of range"),
     (["--max-context", "100"], r"--max-context 100 is out of range: use a multiple of 32"),
     (["--max-context", "4096"], r"--max-context 4096 is out of range.*1024 \(the target's max_position_embeddings\)"),
-    (["--streams", "0", "--max-context", "256"], r"--streams 0 is out of range"),
-    (["--streams", "2", "--max-context", "256"], r"--streams 2 is not supported yet: the runtime serves one stream "
-                                                 r"\(stream 0\) only; use --streams 1"),
+    (["--streams", "0", "--max-context", "256"], r"--streams 0 is out of range: use 1\.\.64"),
+    (["--streams", "65", "--max-context", "256"], r"--streams 65 is out of range: use 1\.\.64"),
     (["--draft-top-k", "65", "--max-context", "256"], r"--draft-top-k 65 is out of range: use 1\.\.64 .*or 0 for no draft_topk"),
     (["--draft-top-k", "-1", "--max-context", "256"], r"--draft-top-k -1 is out of range"),
 ])

@@ -1,34 +1,54 @@
-"""The stream dimension S: refused above 1 for users (the runtime serves stream 0 only), but kept
-exporting and compiling, so that it still works when the runtime learns to serve several streams."""
+"""The stream dimension S: the per-stream prefill and absorb (export/stream_entry_points.py) write
+one stream's slot and nothing else, eagerly; and the tiny pair compiled with --streams 4 for the
+host (the session's shared `streams_artifacts`) has S-shaped entry points and the per-stream ones.
+(For sm_80 an S = 2 module did not compile with the pinned iree-compile: it fails translating one of
+its own dispatches, an i64 [1, 1] memref against a rank-reduced one, also with only the top-K and
+norm + rope splices run; not retried here, there is no GPU compiler check on the host.)"""
 
 from __future__ import annotations
 
-import pytest
+import json
 
-from dflash_iree.errors import DFlashError
-from dflash_iree.export import compile as cc
+import torch
+
+from dflash_iree.export.load import load_pair
+from dflash_iree.export.stream_entry_points import drafter_absorb_stream, target_prefill_stream
 
 CONTEXT = 256
 
 
-def test_streams_above_one_refused(target_dir, drafter_dir):
-    with pytest.raises(DFlashError, match=r"^--streams 2 is not supported yet: the runtime serves one stream"):
-        cc.plan(target_dir, drafter_dir, max_context=CONTEXT, streams=2)
+@torch.no_grad()
+def test_prefill_stream_writes_its_slot_only(target_dir, drafter_dir):
+    """Slot 2 of a 3-stream pair prefilled alone: the same token and taps as a one-stream prefill, its
+    target and drafter cache rows those of the one-stream pair, every other slot's rows untouched."""
+    one_t, one_d = load_pair(target_dir, drafter_dir, CONTEXT)
+    three_t, three_d = load_pair(target_dir, drafter_dir, CONTEXT, streams=3)
+    for cache in (three_t.kv_cache, three_d.ctx_cache):
+        cache.normal_()
+    before_t, before_d = three_t.kv_cache.clone(), three_d.ctx_cache.clone()
+    prompt = torch.tensor([[7, 300, 12, 99, 5, 41]])
+    chosen, _, taps = one_t(prompt, torch.tensor([0]), last_only=True)
+    one_d.absorb(taps, torch.tensor([0]))
+    got, got_taps = target_prefill_stream(three_t, prompt, torch.tensor([2]), torch.tensor([0]), 64, None)
+    drafter_absorb_stream(three_d, got_taps, torch.tensor([2]), torch.tensor([0]))
+    assert torch.equal(got, chosen) and torch.allclose(got_taps, taps, atol=1e-5)
+    T = prompt.shape[1]
+    for three, one, before in ((three_t.kv_cache, one_t.kv_cache, before_t), (three_d.ctx_cache, one_d.ctx_cache, before_d)):
+        assert torch.allclose(three[2, :, :, :T], one[0, :, :, :T], atol=1e-5)
+        assert torch.equal(three[2, :, :, T:], before[2, :, :, T:])
+        assert torch.equal(three[:2], before[:2])
 
 
-def test_two_streams_export_and_compile(target_dir, drafter_dir, tmp_path):
-    """S = 2 through the internal `multi_stream` switch: the tiny pair exports (no export cache) and
-    compiles for the host, with every entry point's stream dimension 2 and the top-K spliced.
-    (For sm_80 the S = 2 module does not compile today: iree-compile fails translating one of its own
-    dispatches, an i64 [1, 1] memref against a rank-reduced one, also with only the top-K and
-    norm + rope splices run.)"""
-    p = cc.plan(target_dir, drafter_dir, max_context=CONTEXT, streams=2, multi_stream=True,
-                attention=cc.ARCHS["host"].attention)
-    mlir = cc.export_cached(p, tmp_path, log=lambda m: None, use_cache=False)
-    m = cc.lower(p, "host", mlir, tmp_path / "host", log=lambda m: None)
-    assert (tmp_path / "host" / cc.MODULE_FILE).is_file() and m.streams == 2 and m.shapes["streams"] == 2
-    e = {x["name"]: x for x in m.entry_points}
-    assert e["verify"]["args"][0] == {"name": "tokens", "shape": [2, 8], "dtype": "i64"}
-    assert e["draft"]["args"][-1] == {"name": "draft", "shape": [2, 7], "dtype": "i64"}
-    assert m.state["globals"]["target.kv_cache"]["shape"][0] == 2
-    assert m.splices["topk"]
+def test_four_streams_manifest(streams_artifacts):
+    """The S = 4 module: every entry point's stream dimension 4, the per-stream prefill and absorb
+    of [1, T], the caches of 4 slots, the top-K spliced."""
+    m = json.loads((streams_artifacts / "manifest.json").read_text())
+    assert m["streams"] == 4 and m["shapes"]["streams"] == 4
+    e = {x["name"]: x for x in m["entry_points"]}
+    assert e["verify"]["args"][0] == {"name": "tokens", "shape": [4, 8], "dtype": "i64"}
+    assert e["draft"]["args"][-1] == {"name": "draft", "shape": [4, 7], "dtype": "i64"}
+    assert [a["name"] for a in e["prefill_stream_sampled"]["args"]] == [
+        "tokens", "stream", "start", "pages", "temperature", "top_k", "top_p", "seed", "chosen"]
+    assert e["prefill_stream"]["args"][0]["shape"] == [1, "T"] and e["absorb_stream"]["args"][1]["shape"] == [1]
+    assert m["state"]["globals"]["target.kv_cache"]["shape"][0] == 4
+    assert m["splices"]["topk"]

@@ -1,0 +1,99 @@
+"""Calls into a loaded module for all of its S streams at once: the batch engine's steps
+(runtime/batch.py), beside runtime/module.py's `CompiledPair`, which calls stream 0 alone.
+
+Each stream keeps its own state in the arguments: `start` [S] is its cache write position, `n_draft`
+[S] its drafted rows, and the sampling parameters are [S] (temperature 0: that stream is greedy, also
+in a `*_sampled` call). The shared `pages` length covers the longest stream's rows; attention masks
+each stream to its own positions, so a longer neighbour changes which rows are read, never which rows
+a stream sees. An idle slot is given position 0, a block of zeros and no drafts: it writes only its
+own slot (overwritten by the next prefill there), and its results are not read.
+
+A joining request is prefilled alone into its slot: `prefill_stream` / `absorb_stream` of a module of
+S > 1 streams (export/stream_entry_points.py), `prefill` / `absorb` of a one-stream module.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .module import CompiledPair
+
+GREEDY = (0.0, 0, 1.0, 0)  # an idle or greedy slot's (temperature, top_k, top_p, seed)
+
+
+class StreamCalls:
+    """Typed calls over S streams of a CompiledPair's module (its functions, pinned staging and
+    output buffers, and `host_bytes` count).
+
+    Args:
+        pair: the bound module (Artifacts.bind).
+        streams: S, the manifest's `streams`.
+    """
+
+    def __init__(self, pair: CompiledPair, streams: int):
+        self.pair, self.S, self.B = pair, streams, pair.block_size
+        self._sampling_key: tuple | None = None
+        self._sampling_args: tuple = ()
+
+    def _i64(self, values):
+        return self.pair._stage.arg(np.array(values, np.int64))
+
+    def sampling(self, rows: list[tuple]) -> tuple[str, tuple]:
+        """The entry-point suffix and [S] sampling arguments for per-stream (temperature, top_k, top_p,
+        seed) rows: "" and () when every stream is greedy."""
+        if all(r[0] == 0 for r in rows):
+            return "", ()
+        key = tuple(rows)
+        if key != self._sampling_key:  # one set of pinned buffers while the streams' parameters hold
+            stage = self.pair._stage
+            cols = list(zip(*rows))
+            arrays = (np.array(cols[0], np.float32), np.array(cols[1], np.int64), np.array(cols[2], np.float32),
+                      np.array(cols[3], np.int64))
+            self._sampling_key, self._sampling_args = key, tuple(stage.arg(a, constant=True) for a in arrays)
+        return "_sampled", self._sampling_args
+
+    def prefill(self, stream: int, ids: list[int], sampling: tuple):
+        """Run prompt `ids` from position 0 into slot `stream` alone (sampling: its (temperature,
+        top_k, top_p, seed)). Returns (the first new token, taps device array [1, T, N])."""
+        stage = self.pair._stage
+        suffix, extra = "", ()
+        if sampling[0] > 0:
+            suffix = "_sampled"
+            extra = tuple(stage.arg(np.array([v], dt)) for v, dt in zip(sampling, (np.float32, np.int64, np.float32,
+                                                                                    np.int64)))
+        chosen = self.pair._out(1, 1)
+        tokens = stage.arg(np.array([ids], np.int64), constant=True)
+        where = (self._i64([stream]),) if self.S > 1 else ()
+        name = "prefill_stream" if self.S > 1 else "prefill"
+        taps = self.pair.fn[name + suffix](tokens, *where, self._i64([0]), self.pair._pages(len(ids)), *extra, chosen)
+        return int(self.pair._read(chosen)[0, 0]), taps
+
+    def absorb(self, stream: int, taps) -> None:
+        """The prompt's taps (positions 0..T-1) into slot `stream` of the drafter's context cache."""
+        if self.S > 1:
+            self.pair.fn["absorb_stream"](taps, self._i64([stream]), self._i64([0]))
+        else:
+            self.pair.fn["absorb"](taps, self._i64([0]))
+
+    def decode(self, anchors: list[int], starts: list[int], sampling: list[tuple]) -> list[int]:
+        """One plain step of every stream: anchors[s] at position starts[s]; the target's next tokens [S]."""
+        suffix, extra = self.sampling(sampling)
+        chosen = self.pair._out(self.S, 1)
+        self.pair.fn["decode" + suffix](self._i64([[a] for a in anchors]), self._i64(starts),
+                                        self.pair._pages(max(starts) + 1), *extra, chosen)
+        return [int(t) for t in self.pair._read(chosen)[:, 0]]
+
+    def verify_draft(self, blocks: list[list[int]], starts: list[int], n_draft: list[int], sampling: list[tuple]):
+        """One round of every stream in one call: verify blocks[s] (block_size ids) at starts[s], the
+        device's acceptance count over n_draft[s] drafts, and the next draft after the bonus token.
+
+        Returns:
+            (chosen int64 [S, B], next drafts int64 [S, B - 1], the device's accepted rows [S]).
+        """
+        suffix, extra = self.sampling(sampling)
+        B = self.B
+        packed = self.pair._out(self.S, 2 * B)
+        self.pair.fn["verify_draft" + suffix](self._i64(blocks), self._i64(starts), self._i64(n_draft),
+                                              self.pair._pages(max(starts) + B), *extra, packed)
+        row = self.pair._read(packed)
+        return row[:, :B], row[:, B:2 * B - 1], row[:, 2 * B - 1]
