@@ -179,6 +179,9 @@ class Qwen35(nn.Module):
         if cfg.weight_prefix == "model.language_model.":
             self.model = nn.Module()
             self.model.language_model = body
+            # the drafter reads target.model.embed_tokens; an alias outside the module tree, so
+            # that the parameter keeps its one checkpoint key
+            object.__setattr__(self.model, "embed_tokens", body.embed_tokens)
         else:
             self.model = body
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, dtype=dtype, device=device)
