@@ -8,7 +8,7 @@ shared/notes/next-families.md §2): a call writes the state after each of its ro
 slot of the row at start - 1. So rejected rows are never read, no host copy is made, and the entry
 points keep their arguments: the committed length the host passes as `start` picks the slot.
 A call of more rows than slots (a long prefill) writes its last state only, to slot 0.
-Why slots and not checkpoint + replay: experiments/2026-12-02-gdn-rollback/README.md.
+Why slots and not checkpoint + replay (bytes and host times): experiments/2026-12-02-gdn-forms/README.md.
 
 The buffers are non-persistent module globals, like the KV cache, zero-initialised and per stream:
 - gdn_slots: float32 [S, slots, n_gdn, Hv, dk, dv];
