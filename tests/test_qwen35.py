@@ -190,3 +190,24 @@ def test_yarn_matches_transformers_past_the_original_context(tmp_path):
         want = hf_model(folder)(ids).logits
     target = load_target(folder, max_context=512, block_size=B)
     torch.testing.assert_close(_run(target, ids, (290, 8)), want, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("name, layers, gdn, state_mb", [("qwen3.5-9b", 32, 24, 50.3), ("qwen3.5-27b", 64, 48, 151.0)])
+def test_published_geometry_fixtures(name, layers, gdn, state_mb):
+    """The config fixtures of Qwen3.5-9B / 27B and their drafters read; one step's DeltaNet state
+    is the size the notes give (27B: 3 MiB a layer, ~151 MB)."""
+    from pathlib import Path
+
+    fixtures = Path(__file__).parent / "fixtures"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = load_target_config(fixtures / name)
+    drafter = load_drafter_config(fixtures / f"{name}-dflash", cfg)
+    assert cfg.num_hidden_layers == layers and len(cfg.gdn_layers) == gdn and cfg.rotary_dim == 64
+    assert cfg.layer_types[:4] == ("linear_attention",) * 3 + ("full_attention",)
+    shape, dtype = cfg.state_shapes()["gdn_state"]
+    nbytes = 4
+    for d in shape:
+        nbytes *= d
+    assert dtype == "f32" and round(nbytes / 1e6, 1) == state_mb
+    assert drafter.mask_token_id == 248070 and max(drafter.target_layer_ids) < layers
