@@ -18,7 +18,7 @@ from . import validate
 from .errors import DFlashError
 from .manifest import CONFIG_DTYPES as DTYPES  # a config's torch_dtype -> short name
 
-SUPPORTED_FAMILIES = ("qwen3",)
+SUPPORTED_FAMILIES = ("qwen3",)  # drafters' layers; targets also qwen3_5 / qwen3_5_text (config_qwen35.py)
 
 
 @dataclass(frozen=True)
@@ -182,7 +182,8 @@ def _eos_ids(folder: Path, raw: dict) -> tuple[int, ...]:
 
 
 def load_target_config(folder: str | Path) -> TargetConfig:
-    """Read a Qwen3 target's `config.json` (and `generation_config.json` for eos ids).
+    """Read a Qwen3 target's `config.json` (and `generation_config.json` for eos ids); a Qwen3.5
+    hybrid's (model_type qwen3_5 or qwen3_5_text) gives a `config_qwen35.HybridConfig`.
 
     Raises:
         DFlashError: the folder or config.json is missing, the family is not qwen3,
@@ -193,6 +194,11 @@ def load_target_config(folder: str | Path) -> TargetConfig:
     raw = _read_json(path, "target")
     if "dflash_config" in raw or "DFlashDraftModel" in (raw.get("architectures") or []):
         raise DFlashError(f"{path}: this is a DFlash drafter config; pass it as the drafter and a Qwen3 model as the target")
+    from . import config_qwen35  # imports this module
+
+    config_qwen35.refuse_family(raw.get("model_type"), path)
+    if raw.get("model_type") in config_qwen35.HYBRID_FAMILIES:
+        return config_qwen35.load_hybrid_config(folder, raw, _eos_ids(folder, raw))
     return TargetConfig(
         **_layer_shape(raw, path),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
@@ -227,6 +233,9 @@ def load_drafter_config(folder: str | Path, target: TargetConfig) -> DrafterConf
     folder = Path(folder)
     path = folder / "config.json"
     raw = _read_json(path, "drafter")
+    if raw.get("model_type") in ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_next"):
+        raise DFlashError(f"{path}: this is a {raw['model_type']} model, not a DFlash drafter (its MTP head is not "
+                          "supported as a drafter); pass a DFlash drafter as the drafter")
     dcfg = raw.get("dflash_config") or {}
     for key in ("conv_kernel_size", "selector_rank", "candidate_selector"):
         if key in raw or key in dcfg:

@@ -91,6 +91,9 @@ def plan(target_dir: str | Path, drafter_dir: str | Path, block_size: int | None
     from dflash_iree.kernels.topk import MAX_K
 
     tcfg = load_target_config(target_dir)
+    if getattr(tcfg, "family", "qwen3") != "qwen3":
+        raise DFlashError(f"{target_dir}/config.json: compiling {tcfg.family} (Qwen3.5-family hybrid) targets is not "
+                          "implemented yet; they run eagerly (dflash_iree.export.load.load_target); compile a Qwen3 target")
     dcfg = load_drafter_config(drafter_dir, tcfg)
     block = dcfg.block(block_size, "--block-size")
     limit = tcfg.max_position_embeddings

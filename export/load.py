@@ -14,11 +14,13 @@ from torch import nn
 
 from dflash_iree.checkpoint import check_tensors
 from dflash_iree.config import load_drafter_config, load_target_config
+from dflash_iree.config_qwen35 import HybridConfig
 from dflash_iree.errors import DFlashError
 from dflash_iree.manifest import COMPUTE_DTYPES, DTYPES
 
 from .dflash import DFlashDrafter
 from .qwen3 import Qwen3
+from .qwen35 import Qwen35
 
 TORCH_DTYPES = {name: getattr(torch, DTYPES[name].torch) for name in COMPUTE_DTYPES}
 
@@ -64,12 +66,14 @@ def load_weights(module: nn.Module, folder: str | Path) -> nn.Module:
             sub.register_buffer(leaf, torch.zeros(buf.shape, dtype=buf.dtype), persistent=False)
     if isinstance(module, Qwen3) and module.cfg.tie_word_embeddings:
         module.lm_head.weight = module.model.embed_tokens.weight
+    if isinstance(module, Qwen35) and module.cfg.tie_word_embeddings:
+        module.lm_head.weight = module.body.embed_tokens.weight
     return module.eval()
 
 
 def load_target(folder: str | Path, max_context: int = 4096, dtype: str | None = None,
-                tap_layer_ids=(), streams: int = 1) -> Qwen3:
-    """A Qwen3 target from an HF checkpoint folder.
+                tap_layer_ids=(), streams: int = 1, block_size: int = 16) -> Qwen3 | Qwen35:
+    """A Qwen3 target, or a Qwen3.5-family hybrid (export/qwen35.py), from an HF checkpoint folder.
 
     Args:
         folder: folder with config.json and model.safetensors (or a sharded index).
@@ -77,13 +81,18 @@ def load_target(folder: str | Path, max_context: int = 4096, dtype: str | None =
         dtype: "bf16" | "f16" | "f32"; default the config's torch_dtype.
         tap_layer_ids: the drafter's target_layer_ids, or () for plain decoding.
         streams: leading stream dimension of the KV cache.
+        block_size: a hybrid's recurrent state slots (the verify block size it rolls back within).
 
     Raises:
         DFlashError: bad config or checkpoint (see load_target_config, check_tensors).
     """
     cfg = load_target_config(folder)
     with torch.device("meta"):
-        module = Qwen3(cfg, max_context, tap_layer_ids, streams, torch_dtype(dtype or cfg.dtype))
+        if isinstance(cfg, HybridConfig):
+            module = Qwen35(cfg, max_context, tap_layer_ids, streams, torch_dtype(dtype or cfg.dtype),
+                            state_slots=block_size)
+        else:
+            module = Qwen3(cfg, max_context, tap_layer_ids, streams, torch_dtype(dtype or cfg.dtype))
     return load_weights(module, folder)
 
 
@@ -102,7 +111,7 @@ def load_pair(target_folder: str | Path, drafter_folder: str | Path, max_context
     tcfg = load_target_config(target_folder)
     dcfg = load_drafter_config(drafter_folder, tcfg)
     block = dcfg.block(block_size)
-    target = load_target(target_folder, max_context, dtype, dcfg.target_layer_ids, streams)
+    target = load_target(target_folder, max_context, dtype, dcfg.target_layer_ids, streams, block)
     with torch.device("meta"):
         drafter = DFlashDrafter(dcfg, max_context, block, streams, torch_dtype(dtype or tcfg.dtype))
     return target, load_weights(drafter, drafter_folder)

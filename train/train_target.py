@@ -65,8 +65,17 @@ def heldout_loss(model: Qwen3, data: torch.Tensor, seq: int, batch: int, amp: bo
     return total / count
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description="train the demo Qwen3 target")
+def qwen3_model(device) -> tuple[torch.nn.Module, int]:
+    """The demo Qwen3 target, initialised: (module, num_hidden_layers)."""
+    tcfg, _ = parse_configs()
+    model = Qwen3(tcfg, SEQ_LEN, (), dtype=torch.float32, device=device)
+    init_weights(model, tcfg.num_hidden_layers)
+    return model, tcfg.num_hidden_layers
+
+
+def main(build=qwen3_model, description: str = "train the demo Qwen3 target") -> None:
+    """The stage-1 loop; `build(device)` gives the initialised model (train_target_qwen35.py passes its own)."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--data", default=".train-data")
     ap.add_argument("--out", required=True, help="folder for the best weights (bf16 safetensors)")
     ap.add_argument("--log", help="JSON log path (default: OUT/../target_log.json)")
@@ -89,9 +98,7 @@ def main() -> None:
     if device.type == "cuda":
         use_sdpa(causal_hint=True)
         torch.backends.cuda.matmul.allow_tf32 = True
-    tcfg, _ = parse_configs()
-    model = Qwen3(tcfg, SEQ_LEN, (), dtype=torch.float32, device=device)
-    init_weights(model, tcfg.num_hidden_layers)
+    model, _ = build(device)
     first_step = 0
     if args.resume:
         state = load_tensors(Path(args.resume))

@@ -1,0 +1,212 @@
+"""The Gated DeltaNet layer of Qwen3.5-family targets: eager reference and export source.
+
+Authority: transformers 5.24.0 `models/qwen3_5/modular_qwen3_5.py` (`Qwen3_5GatedDeltaNet`) and
+`models/qwen3_next/modeling_qwen3_next.py` (`torch_recurrent_gated_delta_rule`,
+`torch_chunk_gated_delta_rule`, `Qwen3NextRMSNormGated`); the rule is Yang et al., "Gated Delta
+Networks" (arXiv:2412.06464). Parameter names equal the checkpoint's (`in_proj_qkv`, `conv1d.weight`,
+`A_log`, `dt_bias`, `norm.weight`, `out_proj`, ...).
+
+Per layer and token t, with q, k L2-normalised (q also scaled by d_k^-1/2), the key heads repeated to
+the value heads, and a float32 state S [Hv, dk, dv]:
+    S <- exp(g_t) S;  S <- S + k_t (x) beta_t (v_t - S^T k_t);  o_t = S^T q_t,
+with beta = sigmoid(b) and g = -exp(A_log) softplus(a + dt_bias). The output passes the gated
+RMSNorm w * norm(o) * silu(z), then out_proj.
+
+Two forms of the recurrence, one result up to float rounding:
+- `recurrent_rule`, token by token: what decode and verify run, so that the state after a token is
+  the same, bit for bit, whichever call saw it (row invariance), and each row's state is at hand
+  for rollback (export/recurrent_state.py);
+- `chunked_rule`, chunks of 64 with the intra-chunk triangular system solved by forward
+  substitution (exportable: no triangular solve): a long prefill's option, chosen by measurement
+  (experiments/2026-12-02-gdn-forms/).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dflash_iree.config_qwen35 import HybridConfig
+
+from .qwen3 import project
+
+CHUNK = 64  # transformers' chunk_size
+
+
+def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """x * rsqrt(sum(x^2) + eps) over the last dim (the FLA form transformers follows)."""
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def causal_conv(rows: torch.Tensor, window: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The causal depthwise conv1d + SiLU of T new rows after the K - 1 rows before them.
+
+    Args:
+        rows: [S, T, D], in_proj_qkv's output; window: [S, K - 1, D], the inputs before rows[:, 0]
+            (zeros at the sequence start); weight: [D, K] (conv1d.weight[:, 0]).
+
+    Returns:
+        silu(conv) [S, T, D] in rows' dtype (out[t] = sum_k w[:, k] * x[t - K + 1 + k], summed
+        k = 0.., the same order for every row), and the inputs [S, K - 1 + T, D], window then rows:
+        the window after row t is their rows t + 1 .. t + K - 1.
+    """
+    K = weight.shape[1]
+    T = rows.shape[1]
+    full = torch.cat([window.to(rows.dtype), rows], 1)
+    out = full[:, 0:T] * weight[:, 0]
+    for k in range(1, K):
+        out = out + full[:, k:k + T] * weight[:, k]
+    return F.silu(out), full
+
+
+def prepare(q, k, v, beta, g):
+    """The rule's inputs in float32, heads first: q, k [S, T, Hk, dk] -> L2-normalised, repeated
+    to Hv heads, q scaled by dk^-1/2, [S, Hv, T, dk]; v [S, T, Hv, dv] -> [S, Hv, T, dv];
+    beta, g [S, T, Hv] -> [S, Hv, T]."""
+    rep = v.shape[2] // k.shape[2]
+    q, k = (x.repeat_interleave(rep, dim=2) if rep > 1 else x for x in (q, k))
+    q, k, v, beta, g = (x.transpose(1, 2).float() for x in (q, k, v, beta, g))
+    q, k = l2norm(q), l2norm(k)
+    return q * (q.shape[-1] ** -0.5), k, v, beta, g
+
+
+def delta_step(state: torch.Tensor, q, k, v, beta, g) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token of the gated delta rule: state [S, Hv, dk, dv] f32; q, k [S, Hv, dk]; v [S, Hv, dv];
+    beta, g [S, Hv]. Returns (o [S, Hv, dv], the new state)."""
+    state = state * g.exp()[..., None, None]
+    kv_mem = (state * k[..., None]).sum(-2)
+    delta = (v - kv_mem) * beta[..., None]
+    state = state + k[..., None] * delta[..., None, :]
+    return (state * q[..., None]).sum(-2), state
+
+
+def recurrent_rule(q, k, v, beta, g, state: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The rule token by token (`prepare`d inputs, state [S, Hv, dk, dv] f32 before the first).
+
+    Returns o [S, Hv, T, dv] f32 and the state after each of the T tokens."""
+    outs, states = [], []
+    for t in range(q.shape[2]):
+        o, state = delta_step(state, q[:, :, t], k[:, :, t], v[:, :, t], beta[:, :, t], g[:, :, t])
+        outs.append(o)
+        states.append(state)
+    return torch.stack(outs, 2), states
+
+
+def chunked_rule(q, k, v, beta, g, state: torch.Tensor, chunk: int = CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rule over chunks of `chunk` tokens (`prepare`d inputs), as transformers'
+    `torch_chunk_gated_delta_rule` in its export branch (forward substitution for the unit lower
+    triangular system of each chunk, the "UT transform" of DeltaNet, arXiv:2406.06484).
+
+    Returns o [S, Hv, T, dv] f32 and the state after the last token.
+    """
+    T = q.shape[2]
+    pad = (chunk - T % chunk) % chunk
+    q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
+    beta, g = (F.pad(x, (0, pad)) for x in (beta, g))
+    S, H, N, dk = k.shape
+    n = N // chunk
+    v_beta, k_beta = v * beta[..., None], k * beta[..., None]
+    q, k, k_beta, v_beta = (x.reshape(S, H, n, chunk, x.shape[-1]) for x in (q, k, k_beta, v_beta))
+    decay = g.reshape(S, H, n, chunk).cumsum(-1)
+    upper = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).triu(1)
+    pair = (decay[..., :, None] - decay[..., None, :]).masked_fill(upper, float("-inf")).exp()
+    strictly_lower = upper.T
+    system = -((k_beta @ k.transpose(-1, -2)) * pair).masked_fill(~strictly_lower, 0.0)
+    rows = [system[..., 0, :]]
+    for i in range(1, chunk):  # forward substitution, row by row
+        prev = torch.stack(rows, -2)  # [.., i, chunk]
+        row = system[..., i, :]
+        rows.append(row + (row[..., :i, None] * prev).sum(-2))
+    inv = torch.stack(rows, -2) + torch.eye(chunk, dtype=q.dtype, device=q.device)
+    new_v, k_decay = inv @ v_beta, inv @ (k_beta * decay.exp()[..., None])
+    intra = ((q @ k.transpose(-1, -2)) * pair).masked_fill(upper, 0.0)
+    q = q * decay.exp()[..., None]
+    k = k * (decay[..., -1:] - decay).exp()[..., None]
+    out = []
+    for i in range(n):
+        v_new = new_v[:, :, i] - k_decay[:, :, i] @ state
+        out.append(q[:, :, i] @ state + intra[:, :, i] @ v_new)
+        state = state * decay[:, :, i, -1].exp()[..., None, None] + k[:, :, i].transpose(-1, -2) @ v_new
+    return torch.cat(out, 2)[:, :, :T], state
+
+
+def gated_rms_norm(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """w * norm(o) * silu(z) per head, as `Qwen3NextRMSNormGated`: o, z [..., dv] (o f32 or the
+    model dtype), weight [dv] (not zero-centred). Returns z's dtype."""
+    dtype = z.dtype
+    o32 = o.float()
+    o32 = o32 * torch.rsqrt(o32.pow(2).mean(-1, keepdim=True) + eps)
+    return (weight * o32.to(dtype) * F.silu(z.float())).to(dtype)
+
+
+class GatedRMSNorm(nn.Module):
+    """`gated_rms_norm` with its weight [dv]."""
+
+    def __init__(self, dim: int, eps: float, dtype=None, device=None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim, dtype=dtype, device=device))
+        self.eps = eps
+
+    def forward(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        return gated_rms_norm(o, z, self.weight, self.eps)
+
+
+class GatedDeltaNet(nn.Module):
+    """`linear_attn` of a Qwen3.5 layer: projections, conv, the gated delta rule, gated norm.
+
+    `forward` returns the mixer's output before out_proj (the layer adds out_proj and the residual
+    as one named op) and the states the caller keeps (export/recurrent_state.py)."""
+
+    def __init__(self, cfg: HybridConfig, dtype=None, device=None):
+        super().__init__()
+        kw = dict(bias=False, dtype=dtype, device=device)
+        H = cfg.hidden_size
+        self.cfg = cfg
+        self.in_proj_qkv = nn.Linear(H, cfg.conv_dim, **kw)
+        self.in_proj_z = nn.Linear(H, cfg.value_dim, **kw)
+        self.in_proj_b = nn.Linear(H, cfg.linear_num_value_heads, **kw)
+        self.in_proj_a = nn.Linear(H, cfg.linear_num_value_heads, **kw)
+        self.conv1d = nn.Conv1d(cfg.conv_dim, cfg.conv_dim, cfg.linear_conv_kernel_dim, groups=cfg.conv_dim,
+                                bias=False, dtype=dtype, device=device)
+        self.dt_bias = nn.Parameter(torch.ones(cfg.linear_num_value_heads, dtype=dtype, device=device))
+        self.A_log = nn.Parameter(torch.zeros(cfg.linear_num_value_heads, dtype=dtype, device=device))
+        self.norm = GatedRMSNorm(cfg.linear_value_head_dim, cfg.rms_norm_eps, dtype, device)
+        self.out_proj = nn.Linear(cfg.value_dim, H, **kw)
+
+    def forward(self, x: torch.Tensor, state: torch.Tensor, window: torch.Tensor, per_token: bool):
+        """Mix T rows.
+
+        Args:
+            x: [S, T, hidden], the normed layer input.
+            state: [S, Hv, dk, dv] f32, the state before x[:, 0]; window: [S, K - 1, conv_dim], the
+                conv inputs before it.
+            per_token: the token-by-token rule (decode, verify: every row's state returned) or,
+                False, `chunked_rule` (prefill: the last state only).
+
+        Returns:
+            y [S, T, value_dim] in x's dtype (the gated norm's output, out_proj's input); the
+            states [S, Hv, dk, dv] and conv windows [S, K - 1, conv_dim] after each row
+            (per_token) or after the last row only (one of each).
+        """
+        c = self.cfg
+        S, T, _ = x.shape
+        mixed, z, b, a = project(x, (self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a))
+        mixed, inputs = causal_conv(mixed, window, self.conv1d.weight[:, 0])
+        K = self.cfg.linear_conv_kernel_dim
+        windows = [inputs[:, t + 1:t + K] for t in range(T)] if per_token else [inputs[:, T:]]
+        q, k, v = torch.split(mixed, [c.key_dim, c.key_dim, c.value_dim], -1)
+        q = q.reshape(S, T, c.linear_num_key_heads, c.linear_key_head_dim)
+        k = k.reshape(S, T, c.linear_num_key_heads, c.linear_key_head_dim)
+        v = v.reshape(S, T, c.linear_num_value_heads, c.linear_value_head_dim)
+        beta = b.sigmoid()
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+        rule_inputs = prepare(q, k, v, beta, g)
+        if per_token:
+            o, states = recurrent_rule(*rule_inputs, state)
+        else:
+            o, last = chunked_rule(*rule_inputs, state)
+            states = [last]
+        o = o.transpose(1, 2).to(x.dtype)  # S, T, Hv, dv
+        y = self.norm(o, z.reshape(S, T, c.linear_num_value_heads, c.linear_value_head_dim))
+        return y.reshape(S, T, c.value_dim), states, windows

@@ -1,0 +1,86 @@
+"""The recurrent state of a hybrid target's Gated DeltaNet layers, and its rollback on the device.
+
+A speculative round runs the target over B rows [anchor, drafts], and only the first a + 1 are
+kept; the KV cache rolls back by its length alone, a recurrent state does not. The state here
+keeps one slot per verify row (vLLM's `spec_state_indices`, SGLang's intermediate state cache;
+shared/notes/next-families.md §2): a call writes the state after each of its rows into slots
+0..T-1 and records the position of row 0, and the next call, at position `start`, resumes from the
+slot of the row at start - 1. So rejected rows are never read, no host copy is made, and the entry
+points keep their arguments: the committed length the host passes as `start` picks the slot.
+A call of more rows than slots (a long prefill) writes its last state only, to slot 0.
+Why slots and not checkpoint + replay (bytes and host times): experiments/2026-12-02-gdn-forms/README.md.
+
+The buffers are non-persistent module globals, like the KV cache, zero-initialised and per stream:
+- gdn_slots: float32 [S, slots, n_gdn, Hv, dk, dv];
+- conv_slots: [S, slots, n_gdn, K - 1, conv_dim] in the model dtype (the conv's last inputs);
+- slot_start: int64 [S], the position of row 0 of the last call's slots.
+A call at start = 0 (a new sequence) reads a zero state.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from dflash_iree.config_qwen35 import HybridConfig
+
+
+class RecurrentState(nn.Module):
+    """Per-row state slots of every GDN layer (see the module docstring).
+
+    Args:
+        cfg: the hybrid target's config; streams: S; slots: rows a call may keep every state of
+            (the verify block size B); dtype: the conv window's dtype (the model's).
+    """
+
+    def __init__(self, cfg: HybridConfig, streams: int, slots: int, dtype=torch.float32, device=None):
+        super().__init__()
+        n = len(cfg.gdn_layers)
+        shape = (streams, slots, n, cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim)
+        self.register_buffer("gdn_slots", torch.zeros(shape, dtype=torch.float32, device=device), persistent=False)
+        conv = (streams, slots, n, cfg.linear_conv_kernel_dim - 1, cfg.conv_dim)
+        self.register_buffer("conv_slots", torch.zeros(conv, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("slot_start", torch.zeros(streams, dtype=torch.int64, device=device), persistent=False)
+
+    @property
+    def slots(self) -> int:
+        return self.gdn_slots.shape[1]
+
+    def slot(self, start: torch.Tensor) -> torch.Tensor:
+        """int64 [S]: the slot that holds the state after position start - 1 (clamped into range;
+        a start the last call did not reach is not a rollback this module can do)."""
+        return (start - 1 - self.slot_start).clamp(0, self.slots - 1)
+
+    def read(self, start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The states before position `start` (int64 [S]): gdn [S, n_gdn, Hv, dk, dv] f32 and conv
+        windows [S, n_gdn, K - 1, conv_dim]; zeros where start is 0."""
+        S, B = self.gdn_slots.shape[:2]
+        at = torch.arange(S, dtype=torch.int64, device=start.device) * B + self.slot(start)
+        gdn = self.gdn_slots.view(S * B, *self.gdn_slots.shape[2:]).index_select(0, at)
+        conv = self.conv_slots.view(S * B, *self.conv_slots.shape[2:]).index_select(0, at)
+        fresh = (start == 0)[:, None, None, None]
+        return torch.where(fresh[..., None], 0.0, gdn), torch.where(fresh, 0.0, conv).to(conv.dtype)
+
+    def write(self, start: torch.Tensor, gdn: list[list[torch.Tensor]], conv: list[list[torch.Tensor]]) -> None:
+        """Keep a call's states, in place: gdn[l][t] [S, Hv, dk, dv] and conv[l][t] [S, K - 1, conv_dim],
+        per GDN layer l the state after each row t (T of them, T <= slots) or after the last row only."""
+        S, B = self.gdn_slots.shape[:2]
+        n_rows = len(gdn[0]) if gdn else 0
+        if not n_rows:
+            return
+        g = torch.stack([torch.stack(per_row, 1) for per_row in gdn], 2)  # S, T, n, Hv, dk, dv
+        c = torch.stack([torch.stack(per_row, 1) for per_row in conv], 2)
+        rows = (torch.arange(S, dtype=torch.int64, device=start.device)[:, None] * B
+                + torch.arange(n_rows, dtype=torch.int64, device=start.device)[None, :]).reshape(-1)
+        self.gdn_slots.view(S * B, *self.gdn_slots.shape[2:]).index_copy_(0, rows, g.reshape(S * n_rows, *g.shape[2:]))
+        self.conv_slots.view(S * B, *self.conv_slots.shape[2:]).index_copy_(
+            0, rows, c.reshape(S * n_rows, *c.shape[2:]).to(self.conv_slots.dtype))
+
+    def commit(self, start: torch.Tensor, T: int, per_row: bool) -> None:
+        """Record where the slots just written start: row 0 at `start` (per_row) or, for a call
+        that kept its last state only, at start + T - 1."""
+        self.slot_start.copy_(start if per_row else start + (T - 1))
+
+    def nbytes(self) -> dict:
+        """Bytes of each buffer (what the manifest records)."""
+        return {name: buf.numel() * buf.element_size() for name, buf in self.named_buffers()}
