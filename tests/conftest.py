@@ -66,3 +66,12 @@ def long_artifacts(tmp_path_factory, long_pair) -> Path:
     out = tmp_path_factory.mktemp("compiled-long") / "host"
     compile_artifacts("host", *long_pair, out, max_context=LONG_CONTEXT, log=Progress(open(os.devnull, "w")))
     return out
+
+
+@pytest.fixture(scope="session")
+def dflash2_dir(tiny_dir, target_dir) -> Path:
+    """Random float32 DFlash2 drafter for target_dir: drafter_dir's shapes plus conv k=2, group 16,
+    selector rank 8, top-16 (tests/tiny.py DFLASH2)."""
+    from tiny import make_dflash2_drafter
+
+    return make_dflash2_drafter(tiny_dir / "drafter2", target_dir)
