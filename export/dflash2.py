@@ -105,6 +105,10 @@ class CandidateSelector(nn.Module):
     def __init__(self, hidden_size: int, vocab_size: int, rank: int, top_k: int, dtype=None, device=None):
         super().__init__()
         self.top_k = top_k
+        # K the top-K op is called with (>= top_k): export/aot.py raises it to the draft_topk entry
+        # point's K, so that the module holds one top-K shape; two shapes of the host's top-K
+        # object failed to link in iree-compile 3.13 (its symbols twice in one executable link)
+        self.op_top_k = top_k
         self.hidden_projection = nn.Linear(hidden_size, rank, bias=False, dtype=dtype, device=device)
         self.predecessor_codebook = nn.Parameter(torch.zeros(vocab_size, rank, dtype=dtype, device=device))
         self.successor_codebook = nn.Parameter(torch.zeros(vocab_size, rank, dtype=dtype, device=device))
@@ -114,7 +118,7 @@ class CandidateSelector(nn.Module):
         lower id: the draft top-K dispatch's order, export/ops.py `topk_logprobs`) and their logits,
         float32 [S, T, K]. logits: float32 [S, T, V]."""
         ones = torch.ones(logits.shape[0], dtype=torch.float32, device=logits.device)
-        ids = top_k_per_stream(logits, ones, self.top_k)[0].to(torch.int64)
+        ids = top_k_per_stream(logits, ones, self.op_top_k)[0][..., :self.top_k].to(torch.int64)
         return ids, logits.gather(-1, ids)
 
     def walk(self, ids: torch.Tensor, unary: torch.Tensor, h: torch.Tensor, anchor: torch.Tensor,
@@ -178,6 +182,14 @@ class DFlash2Drafter(DFlashDrafter):
         logits = transform_logits(project(h.to(target.dtype), [target.lm_head])[0].float(), self.cfg)
         ids, unary = self.candidate_selector.candidates(logits)
         return self.candidate_selector.walk(ids, unary, h, anchor, positions, sampling), logits
+
+
+    def top_k(self, logits: torch.Tensor, temperature: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """`DFlashDrafter.top_k` (the draft_topk entry point's), through the selector's top-K op shape
+        (the best first, so the first k of op_top_k are the top k)."""
+        K = max(k, self.candidate_selector.op_top_k)
+        ids, logprobs = top_k_per_stream(logits, temperature, K)
+        return ids[..., :k], logprobs[..., :k]
 
 
 def drafter_class(cfg: DrafterConfig) -> type[DFlashDrafter]:
