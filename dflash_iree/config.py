@@ -14,7 +14,8 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import validate
+from . import dflash2, validate
+from .dflash2 import DFlash2Shape
 from .errors import DFlashError
 from .manifest import CONFIG_DTYPES as DTYPES  # a config's torch_dtype -> short name
 
@@ -71,6 +72,9 @@ class DrafterConfig(LayerShape):
     target_layer_ids: tuple[int, ...] = ()
     num_target_layers: int | None = None
     input_embedding_scale: float = 1.0
+    output_multiplier: float = 1.0  # logits * m, then the softcap (both optional, for v1 too)
+    final_logit_softcapping: float = 0.0  # cap > 0: logits = tanh(logits / cap) * cap; 0: none
+    dflash2: DFlash2Shape | None = None  # the DFlash2 fields (dflash_iree/dflash2.py); None: a v1 drafter
     folder: str = ""
     raw: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -222,11 +226,22 @@ def build_target_layer_ids(num_target_layers: int, num_taps: int) -> list[int]:
     return [int(round(start + i * span / (num_taps - 1))) for i in range(num_taps)]
 
 
+def _number(dcfg: dict, raw: dict, key: str, default: float, path: Path) -> float:
+    """An optional float field of dflash_config (or the top level); null reads as the default."""
+    value = dcfg.get(key, raw.get(key))
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or value < 0:
+        raise DFlashError(f"{path}: dflash_config.{key} is {value!r}; it must be a number >= 0")
+    return float(value)
+
+
 def load_drafter_config(folder: str | Path, target: TargetConfig) -> DrafterConfig:
     """Read a DFlash drafter's `config.json` and check that it fits `target`.
 
     Raises:
-        DFlashError: the config is missing or unsupported (DFlash2 fields, sliding windows),
+        DFlashError: the config is missing or unsupported (sliding windows; a DFlash2 drafter's
+            fields, dflash_iree/dflash2.py `read_dflash2`),
             `mask_token_id` is absent, or the drafter does not fit the target (hidden size,
             vocabulary, tap ids out of range, `num_target_layers`), naming both values.
     """
@@ -237,9 +252,6 @@ def load_drafter_config(folder: str | Path, target: TargetConfig) -> DrafterConf
         raise DFlashError(f"{path}: this is a {raw['model_type']} model, not a DFlash drafter (its MTP head is not "
                           "supported as a drafter); pass a DFlash drafter as the drafter")
     dcfg = raw.get("dflash_config") or {}
-    for key in ("conv_kernel_size", "selector_rank", "candidate_selector"):
-        if key in raw or key in dcfg:
-            raise DFlashError(f"{path}: '{key}' marks a DFlash2 drafter, which is not supported; use a DFlash (v1) drafter")
     if dcfg.get("causal") or raw.get("is_causal"):
         raise DFlashError(f"{path}: causal drafter attention is not implemented; DFlash drafters attend bidirectionally in the block")
     shape = _layer_shape(raw, path)
@@ -280,6 +292,11 @@ def load_drafter_config(folder: str | Path, target: TargetConfig) -> DrafterConf
         refuse("mask_token_id", mask, f"vocab_size={target.vocab_size}")
     if block < 2:
         raise DFlashError(f"{path}: block_size is {block}; a drafter block needs at least 2 tokens")
+    v2 = None
+    if dflash2.is_dflash2(raw):
+        from .kernels.topk import MAX_K  # torch-free; imported here so config readers skip the kernel tables
+
+        v2 = dflash2.read_dflash2(raw, path, shape["hidden_size"], target.vocab_size, block, MAX_K)
     return DrafterConfig(
         **shape,
         block_size=block,
@@ -287,6 +304,9 @@ def load_drafter_config(folder: str | Path, target: TargetConfig) -> DrafterConf
         target_layer_ids=taps,
         num_target_layers=None if n_target is None else int(n_target),
         input_embedding_scale=float(dcfg.get("input_embedding_scale", raw.get("input_embedding_scale", 1.0))),
+        output_multiplier=_number(dcfg, raw, "output_multiplier", 1.0, path),
+        final_logit_softcapping=_number(dcfg, raw, "final_logit_softcapping", 0.0, path),
+        dflash2=v2,
         folder=str(folder),
         raw=raw,
     )

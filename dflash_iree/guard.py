@@ -43,7 +43,8 @@ MANIFEST_FIELDS = ("format_version", "arch", "module", "files", "target", "draft
 LAYER_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                 "head_dim", "rms_norm_eps", "rope_theta", "attention_bias", "vocab_size")
 TARGET_FIELDS = LAYER_FIELDS + ("tie_word_embeddings",)
-DRAFTER_FIELDS = LAYER_FIELDS + ("mask_token_id", "target_layer_ids", "input_embedding_scale")
+DRAFTER_FIELDS = LAYER_FIELDS + ("mask_token_id", "target_layer_ids", "input_embedding_scale", "output_multiplier",
+                                 "final_logit_softcapping", "dflash2")
 
 
 class DFlashWarning(UserWarning):

@@ -48,6 +48,7 @@ from dflash_iree.config import DrafterConfig, TargetConfig
 from dflash_iree.manifest import DTYPES, KV_PAGE  # noqa: F401 (KV_PAGE: cache rows per page, read from here too)
 
 from .dflash import DFlashDrafter
+from .dflash2 import drafter_class
 from .qwen3 import Qwen3
 from .entry_points import BODIES, EntryPoint, ExportShapes, TensorSpec, entry_points, export_shapes  # noqa: F401
 from .mlir import strip_locations
@@ -81,7 +82,9 @@ def build_pair(tcfg: TargetConfig, dcfg: DrafterConfig, max_context: int, block_
     """
     with torch.device("meta"):
         target = Qwen3(tcfg, max_context, dcfg.target_layer_ids, streams, dtype, attention=attention)
-        drafter = DFlashDrafter(dcfg, max_context, block_size, streams, dtype, attention=attention)
+        drafter = drafter_class(dcfg)(dcfg, max_context, block_size, streams, dtype, attention=attention)
+        if dcfg.dflash2 is not None:  # one top-K shape in the module (export/dflash2.py CandidateSelector)
+            drafter.candidate_selector.op_top_k = max(dcfg.dflash2.selector_top_k, draft_top_k)
     pair = Pair(target, drafter, draft_top_k).eval()
     pair.requires_grad_(False)
     return pair

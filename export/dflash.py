@@ -35,13 +35,32 @@ class DrafterLayer(DecoderLayer):
     """A Qwen3 layer whose keys and values are [cached context K/V, the block's own K/V]."""
 
     def forward(self, x, cos, sin, ctx_k, ctx_v, ctx_visible) -> torch.Tensor:
-        S, B, _ = x.shape
-        q, k, v = self.self_attn.qkv(self.input_layernorm(x), cos, sin)
+        return self.finish(x, self.attend_block(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, ctx_visible))
+
+    def attend_block(self, h, cos, sin, ctx_k, ctx_v, ctx_visible) -> torch.Tensor:
+        """The block's attention before o_proj: h [S, B, hidden] (normalised) -> [S, B, Hq * hd].
+
+        Keys and values are the cached context's (ctx_k, ctx_v [S, N, Hkv, hd], visible where
+        ctx_visible [S, 1, N]) and the block's own, from h, all visible.
+        """
+        S, B, _ = h.shape
+        q, k, v = self.self_attn.qkv(h, cos, sin)
         keys = torch.cat([ctx_k, k], 1)
         values = torch.cat([ctx_v, v], 1)
-        block_visible = torch.ones(S, B, B, dtype=torch.bool, device=x.device)
+        block_visible = torch.ones(S, B, B, dtype=torch.bool, device=h.device)
         visible = torch.cat([ctx_visible.expand(S, B, -1), block_visible], -1)
-        return self.finish(x, attention_fn(self.attention)(q, keys, values, visible))
+        return attention_fn(self.attention)(q, keys, values, visible)
+
+
+def transform_logits(logits: torch.Tensor, cfg: DrafterConfig) -> torch.Tensor:
+    """The drafter config's optional logit transform: logits * output_multiplier, then, with
+    final_logit_softcapping cap > 0, tanh(logits / cap) * cap (z-lab/dflash `compute_logits`);
+    unchanged when neither is set. logits: float32 [..., V]."""
+    if cfg.output_multiplier != 1.0:
+        logits = logits * cfg.output_multiplier
+    if cfg.final_logit_softcapping > 0:
+        logits = torch.tanh(logits / cfg.final_logit_softcapping) * cfg.final_logit_softcapping
+    return logits
 
 
 class DFlashDrafter(nn.Module):
@@ -55,6 +74,8 @@ class DFlashDrafter(nn.Module):
         dtype, device, attention: as for `Qwen3`.
     """
 
+    layer_cls = DrafterLayer  # DFlash2Drafter's layers add the convolutions (export/dflash2.py)
+
     def __init__(self, cfg: DrafterConfig, max_context: int, block_size: int, streams: int = 1,
                  dtype=torch.float32, device=None, attention: str = "fused"):
         super().__init__()
@@ -63,7 +84,7 @@ class DFlashDrafter(nn.Module):
         self.block_size = block_size
         self.fc = nn.Linear(cfg.num_taps * cfg.hidden_size, cfg.hidden_size, bias=False, dtype=dtype, device=device)
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
-        self.layers = nn.ModuleList(DrafterLayer(cfg, dtype, device, attention) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(self.layer_cls(cfg, dtype, device, attention) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
         shape = (streams, cfg.num_hidden_layers, 2, max_context, cfg.kv_dim)
         self.register_buffer("ctx_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
@@ -126,9 +147,15 @@ class DFlashDrafter(nn.Module):
             ctx_k = self.ctx_cache[:, i, 0, :read_len].view(S, read_len, -1, hd)
             ctx_v = self.ctx_cache[:, i, 1, :read_len].view(S, read_len, -1, hd)
             x = layer(x, cos, sin, ctx_k, ctx_v, ctx_visible)
-        h = self.norm(x[:, 1:])
-        logits = project(h.to(target.dtype), [target.lm_head])[0].float()
-        return draft_tokens(logits, positions[:, 1:], sampling), logits
+        return self.propose(target, self.norm(x[:, 1:]), anchor, positions[:, 1:], sampling)
+
+    def propose(self, target: Qwen3, h: torch.Tensor, anchor: torch.Tensor, positions: torch.Tensor,
+                sampling: Sampling | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The draft from the last layer's normalised output h [S, B - 1, hidden] at the drafted
+        slots (absolute positions int64 [S, B - 1]): draft int64 [S, B - 1] and logits float32
+        [S, B - 1, V], as `forward` returns them. v1: each slot's own choice (`draft_tokens`)."""
+        logits = transform_logits(project(h.to(target.dtype), [target.lm_head])[0].float(), self.cfg)
+        return draft_tokens(logits, positions, sampling), logits
 
     @staticmethod
     def top_k(logits: torch.Tensor, temperature: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

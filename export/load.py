@@ -12,13 +12,15 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from dflash_iree.checkpoint import check_tensors
+from dflash_iree.checkpoint import check_tensors, index_checkpoint
 from dflash_iree.config import load_drafter_config, load_target_config
 from dflash_iree.config_qwen35 import HybridConfig
+from dflash_iree.dflash2 import check_selector_tensors
 from dflash_iree.errors import DFlashError
 from dflash_iree.manifest import COMPUTE_DTYPES, DTYPES
 
 from .dflash import DFlashDrafter
+from .dflash2 import drafter_class
 from .qwen3 import Qwen3
 from .qwen35 import Qwen35
 
@@ -98,20 +100,25 @@ def load_target(folder: str | Path, max_context: int = 4096, dtype: str | None =
 
 def load_pair(target_folder: str | Path, drafter_folder: str | Path, max_context: int = 4096,
               dtype: str | None = None, block_size: int | None = None, streams: int = 1) -> tuple[Qwen3, DFlashDrafter]:
-    """Target and drafter, checked against each other; the target taps the drafter's layers.
+    """Target and drafter (a DFlashDrafter, or a DFlash2Drafter for a DFlash2 config), checked
+    against each other; the target taps the drafter's layers.
 
     Args:
         block_size: verify block size, 2..the drafter's trained block_size; None: the trained one
             (DrafterConfig.block).
 
     Raises:
-        DFlashError: bad configs or checkpoints, a drafter that does not fit the target, or a
+        DFlashError: bad configs or checkpoints, a drafter that does not fit the target, a DFlash2
+            candidate selector that is missing or does not fit (dflash_iree/dflash2.py), or a
             block_size out of range.
     """
     tcfg = load_target_config(target_folder)
     dcfg = load_drafter_config(drafter_folder, tcfg)
     block = dcfg.block(block_size)
     target = load_target(target_folder, max_context, dtype, dcfg.target_layer_ids, streams, block)
+    if dcfg.dflash2 is not None:  # its own one-line refusals before the list of check_tensors
+        check_selector_tensors(drafter_folder, index_checkpoint(drafter_folder), dcfg.dflash2, dcfg.hidden_size,
+                               tcfg.vocab_size)
     with torch.device("meta"):
-        drafter = DFlashDrafter(dcfg, max_context, block, streams, torch_dtype(dtype or tcfg.dtype))
+        drafter = drafter_class(dcfg)(dcfg, max_context, block, streams, torch_dtype(dtype or tcfg.dtype))
     return target, load_weights(drafter, drafter_folder)

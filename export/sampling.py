@@ -65,8 +65,16 @@ def keyed_uniform(seed: torch.Tensor, positions: torch.Tensor, vocab_size: int) 
         positions: int64 [S, T], absolute positions of the tokens being chosen.
         vocab_size: V.
     """
+    return keyed_uniform_at(seed, positions, torch.arange(vocab_size, dtype=torch.int64, device=positions.device))
+
+
+def keyed_uniform_at(seed: torch.Tensor, positions: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """`keyed_uniform` at given token ids only: the same numbers, float32 [S, T, K].
+
+    Args:
+        seed: int64 [S]; positions: int64 [S, T]; ids: int64 [S, T, K] (or [V], broadcast).
+    """
     key = _mix32(torch.bitwise_xor(_mix32(seed & _M32)[:, None], positions & _M32) & _M32)
-    ids = torch.arange(vocab_size, dtype=torch.int64, device=positions.device)
     h = _mix32((key[..., None] + ids * 0x61C88647) & _M32)
     return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
 

@@ -81,3 +81,12 @@ def streams_artifacts(tmp_path_factory, target_dir, drafter_dir) -> Path:
     compile_artifacts("host", target_dir, drafter_dir, out, max_context=256, streams=STREAMS,
                       log=Progress(open(os.devnull, "w")))
     return out
+
+
+@pytest.fixture(scope="session")
+def dflash2_dir(tiny_dir, target_dir) -> Path:
+    """Random float32 DFlash2 drafter for target_dir: drafter_dir's shapes plus conv k=2, group 16,
+    selector rank 8, top-16 (tests/tiny.py DFLASH2)."""
+    from tiny import make_dflash2_drafter
+
+    return make_dflash2_drafter(tiny_dir / "drafter2", target_dir)

@@ -123,7 +123,8 @@ def test_check_tensors_dtype(target_dir):
         (dict(num_target_layers=36), "num_target_layers is 36 in the drafter but num_hidden_layers=4 in the target"),
         (dict(dflash_config={"mask_token_id": 511, "target_layer_ids": [0, 4]}), r"target_layer_ids is \[0, 4\]"),
         (dict(dflash_config={"target_layer_ids": [0, 2]}), "mask_token_id is missing"),
-        (dict(dflash_config={"mask_token_id": 1, "target_layer_ids": [0], "conv_kernel_size": 2}), "DFlash2"),
+        (dict(dflash_config={"mask_token_id": 1, "target_layer_ids": [0], "conv_kernel_size": 2}),
+         "dflash_config.conv_group_size is missing; a DFlash2 drafter"),
         (dict(model_type="llama"), "model_type 'llama' is not supported"),
     ],
 )

@@ -112,6 +112,39 @@ def make_drafter(folder: Path, target_dir: Path, seed: int = 0, dtype=torch.floa
     return folder
 
 
+DFLASH2 = dict(conv_kernel_size=2, conv_group_size=16, selector_rank=8, selector_top_k=16)
+
+
+def dflash2_tensors(cfg: dict, seed: int = 0, dtype=torch.float32) -> dict[str, torch.Tensor]:
+    """Random weights of the tensors DFlash2 adds (dflash_iree/dflash2.py `expected_tensors`), large
+    enough that the convolution and the selector's pair term change the draft."""
+    g = torch.Generator().manual_seed(seed + 100)
+    d, H, V = cfg["dflash_config"], cfg["hidden_size"], cfg["vocab_size"]
+    k, r = d["conv_kernel_size"], d["selector_rank"]
+    out = {}
+    for i in range(cfg["num_hidden_layers"]):
+        for conv in ("attention_conv", "mlp_conv"):
+            out[f"layers.{i}.{conv}.base_kernel"] = (0.5 * torch.randn(2, k, H, generator=g)).to(dtype)
+            rows = 2 * k * (H // d["conv_group_size"])
+            out[f"layers.{i}.{conv}.kernel_projection.weight"] = (torch.randn(rows, H, generator=g) * 0.3 * H**-0.5).to(dtype)
+    out["candidate_selector.hidden_projection.weight"] = (torch.randn(r, H, generator=g) * H**-0.5).to(dtype)
+    for name in ("predecessor_codebook", "successor_codebook"):
+        out[f"candidate_selector.{name}"] = torch.randn(V, r, generator=g).to(dtype)
+    return out
+
+
+def make_dflash2_drafter(folder: Path, target_dir: Path, seed: int = 0, dtype=torch.float32, dflash2=None,
+                         **kw) -> Path:
+    """A random DFlash2 drafter for `target_dir`, in the published format (DFLASH2's fields unless given)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg = drafter_config(target_dir, **kw)
+    cfg["architectures"] = ["DFlash2DraftModel"]
+    cfg["dflash_config"].update(DFLASH2 if dflash2 is None else dflash2)
+    (folder / "config.json").write_text(json.dumps(cfg, indent=1))
+    save_file({**drafter_tensors(cfg, seed, dtype), **dflash2_tensors(cfg, seed, dtype)}, str(folder / "model.safetensors"))
+    return folder
+
+
 if __name__ == "__main__":  # python tests/tiny.py DIR: the tiny float32 pair in DIR/target, DIR/drafter
     import sys
 

@@ -61,8 +61,22 @@ def target_config_dict() -> dict:
     }
 
 
-def drafter_config_dict(block_size: int) -> dict:
-    """A demo drafter's `config.json` in the published DFlash format (2 layers, ~3.0M parameters)."""
+# The demo DFlash2 drafter's added fields: the published k, group and top-k; rank 64 for the demo's
+# hidden 384 (the 27B example's 256 is for hidden 5120)
+DEMO_DFLASH2 = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 64, "selector_top_k": 16}
+
+
+def drafter_config_dict(block_size: int, dflash2: bool = False) -> dict:
+    """A demo drafter's `config.json` in the published DFlash format (2 layers, ~3.0M parameters),
+    or with `dflash2` the DFlash2 format (DEMO_DFLASH2's fields added)."""
+    cfg = _v1_drafter_config_dict(block_size)
+    if dflash2:
+        cfg["architectures"] = ["DFlash2DraftModel"]
+        cfg["dflash_config"].update(DEMO_DFLASH2)
+    return cfg
+
+
+def _v1_drafter_config_dict(block_size: int) -> dict:
     t = target_config_dict()
     layers = 2
     return {
@@ -95,14 +109,14 @@ def generation_config_dict() -> dict:
     return {"eos_token_id": EOS_ID, "pad_token_id": EOS_ID, "do_sample": False}
 
 
-def parse_configs(block_size: int = 8) -> tuple[TargetConfig, DrafterConfig]:
+def parse_configs(block_size: int = 8, dflash2: bool = False) -> tuple[TargetConfig, DrafterConfig]:
     """The demo configs read through the project's own config readers (same path as inference)."""
     with tempfile.TemporaryDirectory() as tmp:
         t, d = Path(tmp, "target"), Path(tmp, "drafter")
         t.mkdir(), d.mkdir()
         (t / "config.json").write_text(json.dumps(target_config_dict()))
         (t / "generation_config.json").write_text(json.dumps(generation_config_dict()))
-        (d / "config.json").write_text(json.dumps(drafter_config_dict(block_size)))
+        (d / "config.json").write_text(json.dumps(drafter_config_dict(block_size, dflash2)))
         tcfg = load_target_config(t)
         return tcfg, load_drafter_config(d, tcfg)
 
@@ -117,6 +131,18 @@ def init_weights(module: nn.Module, num_layers: int, std: float = 0.02) -> None:
             nn.init.normal_(p, 0.0, std / math.sqrt(2 * num_layers))
         else:
             nn.init.normal_(p, 0.0, std)
+
+
+def init_dflash2(module: nn.Module) -> None:
+    """DFlash2's added tensors start the drafter as a v1 drafter: each convolution the identity
+    (base tap 0 = 1, the rest 0, no dynamic deltas), and the selector's pair term near zero."""
+    for name, p in module.named_parameters():
+        if name.endswith("base_kernel"):
+            with torch.no_grad():
+                p.zero_()
+                p[:, 0] = 1.0
+        elif name.endswith("kernel_projection.weight"):
+            nn.init.zeros_(p)
 
 
 def adamw(module: nn.Module, lr: float, weight_decay: float, fused: bool) -> torch.optim.AdamW:

@@ -55,6 +55,11 @@ def main() -> None:
         dst = models / ("drafter" if block == args.default_block else f"drafter-b{block}")
         copy_weights(folder, dst)
         write_json(dst / "config.json", drafter_config_dict(block))
+    for folder in sorted(src.glob("dflash2-b*")):  # train_drafter.py --dflash2: models/demo/drafter2
+        block = int(folder.name.removeprefix("dflash2-b"))
+        dst = models / ("drafter2" if block == args.default_block else f"drafter2-b{block}")
+        copy_weights(folder, dst)
+        write_json(dst / "config.json", drafter_config_dict(block, dflash2=True))
     total = sum(f.stat().st_size for f in models.rglob("*") if f.is_file())
     print(f"{models}: {total / 1e6:.1f} MB")
 

@@ -32,11 +32,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dflash_iree.export.dflash import DFlashDrafter
+from dflash_iree.export.dflash2 import drafter_class
 from dflash_iree.export.qwen3 import Qwen3
 
-from common import (EOS_ID, TAP_LAYERS, adamw, file_metadata, init_weights, load_tensors, lr_at, optimizer_step,
+from common import (EOS_ID, TAP_LAYERS, adamw, file_metadata, init_dflash2, init_weights, load_tensors, lr_at, optimizer_step,
                     param_state, parse_configs, save_sharded, train, use_sdpa)
+from drafter2_forward import block_logits2, selector_loss
 from drafter_forward import block_logits, block_loss
 
 # Position weight exp(-(k-1)/gamma): about the chance that position k is reached at all when
@@ -165,13 +166,23 @@ def target_logits(target: Qwen3, taps: torch.Tensor, anchors: torch.Tensor, B: i
 
 def run_blocks(drafter, target, pool, taps, idx, anchors, B, amp, soft_weight: float = 0.0):
     seq = pool["seq"][idx]
+    v2 = drafter.cfg.dflash2 is not None  # DFlash2: + the selector's loss (drafter2_forward.py)
     with torch.autocast(seq.device.type, dtype=torch.bfloat16, enabled=amp):
-        logits = block_logits(drafter, target, taps[idx], seq, anchors, B)
+        if v2:
+            logits, h = block_logits2(drafter, target, taps[idx], seq, anchors, B)
+        else:
+            logits = block_logits(drafter, target, taps[idx], seq, anchors, B)
     soft = None
     if soft_weight > 0:
         with torch.no_grad():
             soft = target_logits(target, taps[idx], anchors, B)
-    return block_loss(logits, seq, anchors, pool["valid_len"][idx], GAMMA.get(B, B / 2), soft, soft_weight)
+    gamma = GAMMA.get(B, B / 2)
+    loss, stats = block_loss(logits, seq, anchors, pool["valid_len"][idx], gamma, soft, soft_weight)
+    if v2:
+        walk, walk_stats = selector_loss(drafter, logits, h, seq, anchors, pool["valid_len"][idx], gamma)
+        loss = loss + walk
+        stats.update(walk_stats)
+    return loss, stats
 
 
 def main() -> None:
@@ -195,6 +206,8 @@ def main() -> None:
     ap.add_argument("--soft-weights", default="0", help="comma-separated weights w of the target-distribution "
                     "cross-entropy; one drafter per block size and weight")
     ap.add_argument("--window-lens", default="16,32,64,128,192", help="lengths of the random-window prompts")
+    ap.add_argument("--dflash2", action="store_true", help="train DFlash2 drafters (train/common.py DEMO_DFLASH2), "
+                    "written to OUT/dflash2-b{B}/")
     ap.add_argument("--eval-every", type=int, default=500)
     ap.add_argument("--time-limit", type=float, default=1e9,
                     help="seconds: the LR schedule compresses to end by then, and the loop stops")
@@ -244,12 +257,16 @@ def main() -> None:
 
     weights_soft = [float(w) for w in args.soft_weights.split(",")]
     # name -> (block size, soft weight): drafter-b{B}, or drafter-b{B}-soft{w} beside other weights
-    variants = {f"b{B}" + (f"-soft{w:g}" if len(weights_soft) > 1 else ""): (B, w) for B in blocks for w in weights_soft}
+    kind = "dflash2-" if args.dflash2 else ""
+    variants = {f"{kind}b{B}" + (f"-soft{w:g}" if len(weights_soft) > 1 else ""): (B, w) for B in blocks
+                for w in weights_soft}
     drafters, opts, first_step = {}, {}, 0
     for name, (B, _) in variants.items():
-        _, dcfg = parse_configs(B)
-        d = DFlashDrafter(dcfg, pool["seq"].shape[1] + B, B, dtype=torch.float32, device=device)
+        _, dcfg = parse_configs(B, args.dflash2)
+        d = drafter_class(dcfg)(dcfg, pool["seq"].shape[1] + B, B, dtype=torch.float32, device=device)
         init_weights(d, dcfg.num_hidden_layers)
+        if args.dflash2:
+            init_dflash2(d)
         if args.resume:
             folder = Path(args.resume) / f"drafter-{name}"
             d.load_state_dict({k: v.float() for k, v in load_tensors(folder).items()}, strict=False)
@@ -282,6 +299,9 @@ def main() -> None:
                 idx_e = torch.arange(n_eval, device=device)
                 hl, hs = run_blocks(d, target, held, held_taps, idx_e, eval_anchors, B, amp)
             d.train()
+            if "walk_acc" in hs:
+                entry.setdefault("walk", {})[name] = {"heldout_walk_acc": [round(a, 3) for a in hs["walk_acc"].tolist()],
+                                                      "heldout_covered": round(float(hs["covered"]), 3)}
             entry[name] = {"train_loss": round(float(stats[name][0]), 4), "train_tau": round(float(stats[name][1]), 3),
                               "heldout_loss": round(float(hl), 4), "heldout_tau": round(float(hs["tau"]), 3),
                               "heldout_acc": [round(a, 3) for a in hs["acc"].tolist()]}
