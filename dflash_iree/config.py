@@ -14,7 +14,7 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import validate
+from . import quant, validate
 from .errors import DFlashError
 from .manifest import CONFIG_DTYPES as DTYPES  # a config's torch_dtype -> short name
 
@@ -186,11 +186,14 @@ def load_target_config(folder: str | Path) -> TargetConfig:
 
     Raises:
         DFlashError: the folder or config.json is missing, the family is not qwen3,
-            or a field is missing or unsupported (RoPE scaling, sliding windows, dtype).
+            or a field is missing or unsupported (RoPE scaling, sliding windows, dtype, a 4-bit format
+            dflash_iree/quant.py does not read).
     """
     folder = Path(folder)
     path = folder / "config.json"
+    quant.refuse_gguf(folder)
     raw = _read_json(path, "target")
+    quant.read_format(raw, path)  # a 4-bit format it cannot read is refused here, by name
     if "dflash_config" in raw or "DFlashDraftModel" in (raw.get("architectures") or []):
         raise DFlashError(f"{path}: this is a DFlash drafter config; pass it as the drafter and a Qwen3 model as the target")
     return TargetConfig(
@@ -226,7 +229,9 @@ def load_drafter_config(folder: str | Path, target: TargetConfig) -> DrafterConf
     """
     folder = Path(folder)
     path = folder / "config.json"
+    quant.refuse_gguf(folder)
     raw = _read_json(path, "drafter")
+    quant.read_format(raw, path)
     dcfg = raw.get("dflash_config") or {}
     for key in ("conv_kernel_size", "selector_rank", "candidate_selector"):
         if key in raw or key in dcfg:
