@@ -91,8 +91,16 @@ class QuantLinear(nn.Module):
         return self.compute_dtype
 
     def dequantized(self) -> torch.Tensor:
-        """The weight [N, K] in the compute dtype (`dequantize`)."""
-        return dequantize(self, self.compute_dtype)
+        """The weight [N, K] in the compute dtype (`dequantize`). Kept between calls while the packed
+        tensors are unchanged (their versions): an eager decode step would otherwise dequantize
+        every layer again; the cache is never a parameter or buffer, so no checkpoint or export sees it."""
+        key = tuple((p.data_ptr(), p._version) for p in self._parameters.values())
+        cached = self.__dict__.get("_dequantized")
+        if cached is None or cached[0] != key or torch.compiler.is_compiling():
+            cached = (key, dequantize(self, self.compute_dtype))
+            if not torch.compiler.is_compiling():
+                self.__dict__["_dequantized"] = cached
+        return cached[1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.dequantized())
