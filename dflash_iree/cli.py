@@ -84,10 +84,11 @@ def cmd_eager(args) -> int:
                                                args.prompt_ids), vocab)
     sampling = SamplingConfig(*validate.sampling(args.temperature, args.top_k, args.top_p, args.seed, vocab))
     if args.drafter and not args.no_draft:
-        target, drafter = load_pair(args.target, args.drafter, args.max_context, args.dtype, args.block_size)
+        target, drafter = load_pair(args.target, args.drafter, args.max_context, args.dtype, args.block_size,
+                                    target_bits=args.target_bits, drafter_bits=args.drafter_bits)
         gen = generate_dflash(target, drafter, prompt, args.max_new_tokens, sampling)
     else:
-        target = load_target(args.target, args.max_context, args.dtype)
+        target = load_target(args.target, args.max_context, args.dtype, bits=args.target_bits)
         gen = generate_plain(target, prompt, args.max_new_tokens, sampling)
     text = _decode(args.target, gen.tokens)
     if args.json:
@@ -118,7 +119,8 @@ def cmd_compile(args) -> int:
     from dflash_iree.export.compile import compile_artifacts
 
     compile_artifacts(args.arch, args.target, args.drafter, args.out, args.block_size, args.max_context, args.dtype,
-                      args.streams, use_cache=not args.no_export_cache, draft_top_k=args.draft_top_k)
+                      args.streams, use_cache=not args.no_export_cache, draft_top_k=args.draft_top_k,
+                      target_bits=args.target_bits, drafter_bits=args.drafter_bits)
     return 0
 
 

@@ -130,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "max_position_embeddings when it is smaller)")
     e.add_argument("--dtype", choices=COMPUTE_DTYPES, help="default: the config's torch_dtype")
     e.add_argument("--block-size", type=int, help="default: the drafter's trained block_size")
+    _bits_arguments(e)
     _sampling_arguments(e)
     e.add_argument("--no-draft", action="store_true", help="plain decoding even with --drafter")
     e.add_argument("--json", action="store_true", help="print tokens and stats as JSON")
@@ -145,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--max-context", type=int, help="KV cache length in tokens (default 4096, or the target's "
                    "max_position_embeddings when smaller)")
     c.add_argument("--dtype", choices=COMPUTE_DTYPES, help="default: the target config's torch_dtype")
+    _bits_arguments(c)
     c.add_argument("--streams", type=int, default=1, help="requests served together in one round, 1..64 "
                    "(default 1): the leading stream dimension of every entry point and KV cache")
     c.add_argument("--draft-top-k", type=int, default=8, metavar="K",
@@ -159,3 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("topk-check", help="build, run and score the draft top-K dispatch's parity cases")
     topk_check_arguments(t)
     return p
+
+
+def _bits_arguments(p) -> None:
+    """--target-bits / --drafter-bits: quantize a float checkpoint on load (dflash_iree/quant.py)."""
+    for scope in ("target", "drafter"):
+        p.add_argument(f"--{scope}-bits", type=int, metavar="BITS",
+                       help=f"quantize the {scope}'s float linears on load: 4 (affine, group 64); default: as stored")

@@ -14,7 +14,7 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import dflash2, validate
+from . import dflash2, quant, validate
 from .dflash2 import DFlash2Shape
 from .errors import DFlashError
 from .manifest import CONFIG_DTYPES as DTYPES  # a config's torch_dtype -> short name
@@ -191,11 +191,14 @@ def load_target_config(folder: str | Path) -> TargetConfig:
 
     Raises:
         DFlashError: the folder or config.json is missing, the family is not qwen3,
-            or a field is missing or unsupported (RoPE scaling, sliding windows, dtype).
+            or a field is missing or unsupported (RoPE scaling, sliding windows, dtype, a 4-bit format
+            dflash_iree/quant.py does not read).
     """
     folder = Path(folder)
     path = folder / "config.json"
+    quant.refuse_gguf(folder)
     raw = _read_json(path, "target")
+    quant.read_format(raw, path)  # a 4-bit format it cannot read is refused here, by name
     if "dflash_config" in raw or "DFlashDraftModel" in (raw.get("architectures") or []):
         raise DFlashError(f"{path}: this is a DFlash drafter config; pass it as the drafter and a Qwen3 model as the target")
     from . import config_qwen35  # imports this module
@@ -247,10 +250,12 @@ def load_drafter_config(folder: str | Path, target: TargetConfig) -> DrafterConf
     """
     folder = Path(folder)
     path = folder / "config.json"
+    quant.refuse_gguf(folder)
     raw = _read_json(path, "drafter")
     if raw.get("model_type") in ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_next"):
         raise DFlashError(f"{path}: this is a {raw['model_type']} model, not a DFlash drafter (its MTP head is not "
                           "supported as a drafter); pass a DFlash drafter as the drafter")
+    quant.read_format(raw, path)
     dcfg = raw.get("dflash_config") or {}
     if dcfg.get("causal") or raw.get("is_causal"):
         raise DFlashError(f"{path}: causal drafter attention is not implemented; DFlash drafters attend bidirectionally in the block")

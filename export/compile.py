@@ -73,7 +73,8 @@ MAX_STREAMS = 64  # each stream is a whole KV cache slot (S x max_context rows);
 
 def plan(target_dir: str | Path, drafter_dir: str | Path, block_size: int | None = None,
          max_context: int | None = None, dtype: str | None = None, streams: int = 1, sampled: bool = True,
-         draft_top_k: int = DEFAULT_DRAFT_TOP_K, attention: str = "fused") -> Plan:
+         draft_top_k: int = DEFAULT_DRAFT_TOP_K, attention: str = "fused", *,
+         target_bits: int | None = None, drafter_bits: int | None = None) -> Plan:
     """Read and check the two config.json files and the options. Reads no weights, writes nothing.
 
     streams: the leading stream dimension S of every entry point and cache, 1..MAX_STREAMS: the
@@ -83,10 +84,13 @@ def plan(target_dir: str | Path, drafter_dir: str | Path, block_size: int | None
     draft_top_k: K of the `draft_topk` entry point (the draft's top-K ids and log-probs), 1..64 and
     at most the vocabulary; 0 compiles no such entry point.
     attention: the attention form to export, the target arch's `Arch.attention`.
+    target_bits, drafter_bits: quantize on load (dflash_iree/quant.py): checked, and refused while the
+        compiled module has no packed-weight matmul (issue #28; the eager reference runs them).
 
     Raises:
         DFlashError: a missing config, an unsupported family, a drafter that does not fit the
-            target, block_size / max_context / dtype / streams / draft_top_k out of range.
+            target, block_size / max_context / dtype / streams / draft_top_k out of range, a 4-bit
+            checkpoint or bits option (not compiled yet).
     """
     from dflash_iree.kernels.topk import MAX_K
 
@@ -95,6 +99,7 @@ def plan(target_dir: str | Path, drafter_dir: str | Path, block_size: int | None
         raise DFlashError(f"{target_dir}/config.json: compiling {tcfg.family} (Qwen3.5-family hybrid) targets is not "
                           "implemented yet; they run eagerly (dflash_iree.export.load.load_target); compile a Qwen3 target")
     dcfg = load_drafter_config(drafter_dir, tcfg)
+    _refuse_4bit(tcfg, dcfg, target_bits, drafter_bits)
     block = dcfg.block(block_size, "--block-size")
     limit = tcfg.max_position_embeddings
     if max_context is None:  # 4096, or less when the target was trained on less (vLLM's max_model_len default)
@@ -117,6 +122,23 @@ def plan(target_dir: str | Path, drafter_dir: str | Path, block_size: int | None
         raise DFlashError(f"--draft-top-k {draft_top_k} is out of range: use 1..{most} (the top-K kernel's limit, "
                           "and at most the vocabulary), or 0 for no draft_topk entry point")
     return Plan(tcfg, dcfg, block, max_context, dtype, streams, sampled, draft_top_k, attention)
+
+
+def _refuse_4bit(tcfg: TargetConfig, dcfg: DrafterConfig, target_bits, drafter_bits) -> None:
+    """4-bit weights compile once the module keeps them packed (issue #28); until then one line says
+    so and names what runs them: the eager reference (`dflash-iree eager`)."""
+    from dflash_iree import quant
+
+    for scope, cfg, bits in (("target", tcfg, target_bits), ("drafter", dcfg, drafter_bits)):
+        if quant.check_bits(bits, f"--{scope}-bits") is not None:
+            raise DFlashError(f"--{scope}-bits {bits}: quantize on load is not compiled yet (the compiled module has "
+                              f"no packed-weight matmul); dflash-iree eager --{scope}-bits {bits} runs it, or leave "
+                              f"--{scope}-bits out")
+        fmt = quant.read_format(cfg.raw, Path(cfg.folder) / "config.json")
+        if fmt is not None:
+            raise DFlashError(f"{cfg.folder}: {fmt.method} 4-bit {scope} checkpoints are not compiled yet (the compiled "
+                              "module has no packed-weight matmul); dflash-iree eager reads them, or compile a bf16 "
+                              f"{scope}")
 
 
 class Progress:
@@ -344,7 +366,8 @@ def compile_artifacts(arch: str, target_dir, drafter_dir, out_dir=None, block_si
                       max_context: int | None = None, dtype: str | None = None, streams: int = 1, sampled: bool = True,
                       log=None, record: bool = False, use_cache: bool = True,
                       draft_top_k: int = DEFAULT_DRAFT_TOP_K, splices: dict | None = None,
-                      attention: str | None = None) -> Manifest:
+                      attention: str | None = None, target_bits: int | None = None,
+                      drafter_bits: int | None = None) -> Manifest:
     """The whole `dflash-iree compile`: plan, export (or reuse a cached export), lower (`splices` as
     there; `attention` in place of the arch's own form, a compile experiment). Returns the manifest."""
     log = log or Progress()
@@ -355,7 +378,7 @@ def compile_artifacts(arch: str, target_dir, drafter_dir, out_dir=None, block_si
         raise DFlashError(f"attention form 'fused' exports the q/k norm + rope custom op, which has a kernel on GPU "
                           f"archs only ({', '.join(kernel_archs('norm_rope'))}), not {resolved.name}: compile the 'matmul' form")
     p = plan(target_dir, drafter_dir, block_size, max_context, dtype, streams, sampled, draft_top_k,
-             attention or resolved.attention)
+             attention or resolved.attention, target_bits=target_bits, drafter_bits=drafter_bits)
     if out_dir is not None and not str(out_dir).strip():
         raise DFlashError("--out is empty; give a folder, or leave --out out for compiled/ARCH")
     out = Path(out_dir) if out_dir is not None else Path("compiled") / resolved.name

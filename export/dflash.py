@@ -98,7 +98,7 @@ class DFlashDrafter(nn.Module):
         """
         R = taps.shape[1]
         positions = start[:, None] + torch.arange(R, dtype=torch.int64, device=taps.device)
-        ctx = self.hidden_norm(project(taps.to(self.fc.weight.dtype), [self.fc])[0])
+        ctx = self.hidden_norm(project(taps.to(self.norm.weight.dtype), [self.fc])[0])
         cos, sin = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta, ctx.dtype)
         rows = cache_rows(self.ctx_cache, positions)
         # every layer's k and v projections of the one ctx as one named op (grouped dispatches)
@@ -137,7 +137,7 @@ class DFlashDrafter(nn.Module):
         masks = torch.full((S, B - 1), self.cfg.mask_token_id, dtype=torch.int64, device=anchor.device)
         block = torch.cat([anchor[:, None], masks], 1)
         x = target.model.embed_tokens(block) * self.cfg.input_embedding_scale
-        x = x.to(self.fc.weight.dtype)
+        x = x.to(self.norm.weight.dtype)
         positions = start[:, None] + torch.arange(B, dtype=torch.int64, device=anchor.device)
         cos, sin = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
         key_pos = torch.arange(read_len, dtype=torch.int64, device=anchor.device)

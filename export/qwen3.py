@@ -349,7 +349,8 @@ class Qwen3(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.lm_head.weight.dtype
+        """The compute dtype (the final norm's: a 4-bit lm_head's weight is packed integers)."""
+        return self.model.norm.weight.dtype
 
     def forward(self, tokens: torch.Tensor, start: torch.Tensor, sampling: Sampling | None = None,
                 read_len: int | None = None, use_cache: bool = True,
