@@ -87,6 +87,7 @@ class BatchEngine:
         self.capacity = int(engine.artifacts.manifest.streams)
         self.calls = StreamCalls(engine.module, self.capacity)
         self.block_size = engine.block_size
+        self.max_context = engine.max_context
         self._slots: list[_Stream | None] = [None] * self.capacity
         self._queue: deque[_Stream] = deque()
         self._ids: dict[str, _Stream] = {}

@@ -27,7 +27,7 @@ from dflash_iree.acceptance import check_fits
 from dflash_iree.errors import DFlashError
 
 from .options import GenerateOptions
-from .solo import StreamEvent
+from .batch import StreamEvent
 
 log = logging.getLogger("dflash_iree.serve")
 

@@ -20,7 +20,6 @@ import secrets
 import signal
 import socket
 import sys
-import time
 import uuid
 
 from starlette.applications import Starlette
@@ -253,10 +252,13 @@ def serve(artifacts: str, target: str | None = None, drafter: str | None = None,
     server: uvicorn.Server | None = None
 
     def load():
+        from .batch import BatchEngine
         from .engine import Engine
         from .solo import SoloEngine
 
-        engine = SoloEngine(Engine.load(artifacts, target, drafter, device))
+        loaded = Engine.load(artifacts, target, drafter, device)
+        # one stream: the one-stream module's own calls (decode ahead, the fused round); several: one round for all
+        engine = BatchEngine(loaded) if streams > 1 else SoloEngine(loaded)
         print("dflash-iree: the model is loaded; serving", file=sys.stderr, flush=True)
         return engine
 

@@ -1,8 +1,8 @@
 """The engine protocol the server drives (StreamEvent, add / cancel / step), over today's one-stream
 `Engine`: `SoloEngine` serves one request at a time, one prefill or round per `step()`.
 
-The protocol (shared with the multi-stream `BatchEngine` of runtime/batch.py, which replaces this
-adapter where the artifacts have several streams):
+The protocol (shared with the multi-stream `BatchEngine` of runtime/batch.py, which the server uses
+instead where the artifacts have several streams; StreamEvent is defined there):
 - `capacity`: streams served at once; `active`: requests admitted and not finished;
 - `encode_prompt(prompt, enable_thinking)`: as `Engine.encode_prompt`;
 - `add(request_id, prompt_ids, options)`: validates now (DFlashError with one line), joins at the
@@ -15,40 +15,16 @@ It is used from one thread (the server's worker) and is not thread-safe.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from dflash_iree.errors import DFlashError
 from dflash_iree.generation import GenerationResult
 
 from . import decode
+from .batch import StreamEvent
 from .options import GenerateOptions
 from .text import StreamDecoder
 
 FINISH_REASONS = ("stop", "length", "cancelled")
-
-
-@dataclass
-class StreamEvent:
-    """News of one request after a step.
-
-    request_id: the id given to `add`.
-    token_ids: token ids committed since this request's previous event (already cut before a stop
-        string).
-    text: the text of those tokens (UTF-8 safe: an incomplete character waits for the next event;
-        cut before a stop string, which is never shown), "" when none or without a tokenizer.
-    finished: the request is done and its slot is free.
-    finish_reason: when finished, "stop" (a stop or eos token, or a stop string), "length" (the
-        max_new_tokens budget) or "cancelled"; else None.
-    result: when finished, the request's GenerationResult (all its tokens, per-round acceptance,
-        ttft_ms, decode_s); else None.
-    """
-
-    request_id: str
-    token_ids: list[int]
-    text: str
-    finished: bool = False
-    finish_reason: str | None = None
-    result: GenerationResult | None = None
 
 
 class _Slot:
@@ -140,7 +116,7 @@ class SoloEngine:
         new = s.req.tokens[s.reported:]
         s.reported = len(s.req.tokens)
         text = s.streamer.push(new, final=final) if s.streamer else ""
-        return StreamEvent(s.id, list(new), text)
+        return StreamEvent(s.id, list(new), text, False)
 
     def _finish(self, s: _Slot, reason: str) -> StreamEvent:
         """Free the slot; the finished event with the result (a cancelled request's tokens so far)."""

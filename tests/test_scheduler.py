@@ -13,7 +13,7 @@ from dflash_iree.errors import DFlashError
 from dflash_iree.runtime.options import GenerateOptions
 from dflash_iree.runtime.scheduler import Rejected, Scheduler, Submission
 from dflash_iree.runtime.serve_metrics import ServeMetrics
-from dflash_iree.runtime.solo import StreamEvent
+from dflash_iree.runtime.batch import StreamEvent
 
 
 def script(prompt: list[int], n: int) -> list[int]:
