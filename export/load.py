@@ -131,13 +131,14 @@ def load_target(folder: str | Path, max_context: int = 4096, dtype: str | None =
     cfg = load_target_config(folder)
     quant.check_bits(bits, "--target-bits")
     compute = torch_dtype(dtype or cfg.dtype)
-    with torch.device("meta"):
-        if isinstance(cfg, HybridConfig):
-            if bits is not None:
-                raise DFlashError(f"{folder}/config.json: --target-bits is not implemented for {cfg.family} "
-                                  "(Qwen3.5-family) targets yet; leave it out")
+    if isinstance(cfg, HybridConfig):
+        if bits is not None:
+            raise DFlashError(f"{folder}/config.json: --target-bits is not implemented for {cfg.family} "
+                              "(Qwen3.5-family) targets yet; leave it out")
+        with torch.device("meta"):
             module = Qwen35(cfg, max_context, tap_layer_ids, streams, compute, state_slots=block_size)
-            return load_weights(module, folder)
+        return load_weights(module, folder)
+    with torch.device("meta"):
         module = read_quantized(Qwen3(cfg, max_context, tap_layer_ids, streams, compute), folder, compute)
     return _bits_on_load(load_weights(module, folder), bits, "--target-bits", cfg.dtype)
 
