@@ -21,9 +21,9 @@ import torch.nn.functional as F
 
 from dflash_iree.export import qwen3 as qwen3_module
 from dflash_iree.export.dflash2 import DFlash2Drafter
-from dflash_iree.export.qwen3 import Qwen3, rope_tables
+from dflash_iree.export.qwen3 import Qwen3
 
-from drafter_forward import position_weights
+from drafter_forward import block_inputs, position_weights
 
 
 def _per_block(conv_fn, x: torch.Tensor, A: int, B: int, *args):
@@ -48,22 +48,8 @@ def block_logits2(drafter: DFlash2Drafter, target: Qwen3, taps: torch.Tensor, se
     """
     from dflash_iree.export.dflash import transform_logits
 
-    cfg = drafter.cfg
-    S, L = seq.shape
-    A, B, dev = anchors.shape[1], block_size, seq.device
-    wdtype = drafter.fc.weight.dtype
-    ctx = drafter.hidden_norm(drafter.fc(taps.to(wdtype)))
-    ctx_pos = torch.arange(L, device=dev).expand(S, L)
-    cos_c, sin_c = rope_tables(ctx_pos, cfg.head_dim, cfg.rope_theta, ctx.dtype)
-    pos = (anchors[..., None] + torch.arange(B, device=dev)).reshape(S, A * B)
-    block = torch.full((S, A, B), cfg.mask_token_id, dtype=torch.int64, device=dev)
-    block[..., 0] = seq.gather(1, anchors)
-    x = (target.model.embed_tokens(block.reshape(S, A * B)) * cfg.input_embedding_scale).to(wdtype)
-    cos_b, sin_b = rope_tables(pos, cfg.head_dim, cfg.rope_theta, x.dtype)
-    row_anchor = anchors.repeat_interleave(B, dim=1)
-    ctx_visible = ctx_pos[:, None, :] < row_anchor[:, :, None]
-    blk = torch.arange(A, device=dev).repeat_interleave(B)
-    visible = torch.cat([ctx_visible, (blk[:, None] == blk[None, :]).expand(S, -1, -1)], -1)
+    S, A, B = seq.shape[0], anchors.shape[1], block_size
+    ctx, cos_c, sin_c, x, cos_b, sin_b, visible = block_inputs(drafter, target, taps, seq, anchors, B)
     for layer in drafter.layers:
         ctx_k, ctx_v = layer.self_attn.key_value(ctx, cos_c, sin_c)  # context rows: no convolution
         h, delta = _per_block(layer.attention_conv.prepare, layer.input_layernorm(x), A, B)
@@ -74,7 +60,7 @@ def block_logits2(drafter: DFlash2Drafter, target: Qwen3, taps: torch.Tensor, se
         h, delta = _per_block(layer.mlp_conv.prepare, layer.post_attention_layernorm(x), A, B)
         x = x + _per_block(layer.mlp_conv.finish, layer.mlp(h), A, B, delta)
     h = drafter.norm(x.view(S, A, B, -1)[:, :, 1:])
-    return transform_logits(target.lm_head(h.to(target.dtype)).float(), cfg), h
+    return transform_logits(target.lm_head(h.to(target.dtype)).float(), drafter.cfg), h
 
 
 def selector_loss(drafter: DFlash2Drafter, logits: torch.Tensor, h: torch.Tensor, seq: torch.Tensor,

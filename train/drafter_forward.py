@@ -22,20 +22,16 @@ from dflash_iree.export.dflash import DFlashDrafter
 from dflash_iree.export.qwen3 import Qwen3, rope_tables
 
 
-def block_logits(drafter: DFlashDrafter, target: Qwen3, taps: torch.Tensor, seq: torch.Tensor,
-                 anchors: torch.Tensor, block_size: int) -> torch.Tensor:
-    """Draft logits for A blocks per sequence.
+def block_inputs(drafter, target: Qwen3, taps: torch.Tensor, seq: torch.Tensor, anchors: torch.Tensor,
+                 block_size: int):
+    """What both training forwards (`block_logits`, drafter2_forward.py's `block_logits2`) start from.
 
-    Args:
-        drafter: the drafter (its cfg, fc, hidden_norm, layers, norm are used; not its cache).
-        target: supplies embed_tokens and lm_head (frozen).
-        taps: [S, L, n_taps * hidden], the target's taps at positions 0..L-1.
-        seq: int64 [S, L], the token ids (block anchors are read from it).
-        anchors: int64 [S, A], anchor positions, each in 1..L-1.
-        block_size: B.
+    Args: as `block_logits`.
 
     Returns:
-        float32 [S, A, B - 1, vocab]: logits for positions anchor + 1 .. anchor + B - 1.
+        ctx [S, L, H] (hidden_norm(fc(taps))), its RoPE tables cos_c, sin_c [S, L, hd]; x [S, A*B, H],
+        the blocks' embeddings ([seq[a_j], MASK x (B - 1)], scaled), their tables cos_b, sin_b
+        [S, A*B, hd]; visible: bool [S, A*B, L + A*B], which context and block keys each row sees.
     """
     cfg = drafter.cfg
     S, L = seq.shape
@@ -56,6 +52,26 @@ def block_logits(drafter: DFlashDrafter, target: Qwen3, taps: torch.Tensor, seq:
     blk = torch.arange(A, device=dev).repeat_interleave(B)
     blk_visible = (blk[:, None] == blk[None, :]).expand(S, -1, -1)  # S, A*B, A*B
     visible = torch.cat([ctx_visible, blk_visible], -1)
+    return ctx, cos_c, sin_c, x, cos_b, sin_b, visible
+
+
+def block_logits(drafter: DFlashDrafter, target: Qwen3, taps: torch.Tensor, seq: torch.Tensor,
+                 anchors: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Draft logits for A blocks per sequence.
+
+    Args:
+        drafter: the drafter (its cfg, fc, hidden_norm, layers, norm are used; not its cache).
+        target: supplies embed_tokens and lm_head (frozen).
+        taps: [S, L, n_taps * hidden], the target's taps at positions 0..L-1.
+        seq: int64 [S, L], the token ids (block anchors are read from it).
+        anchors: int64 [S, A], anchor positions, each in 1..L-1.
+        block_size: B.
+
+    Returns:
+        float32 [S, A, B - 1, vocab]: logits for positions anchor + 1 .. anchor + B - 1.
+    """
+    S, A, B = seq.shape[0], anchors.shape[1], block_size
+    ctx, cos_c, sin_c, x, cos_b, sin_b, visible = block_inputs(drafter, target, taps, seq, anchors, B)
 
     for layer in drafter.layers:
         ctx_k, ctx_v = layer.self_attn.key_value(ctx, cos_c, sin_c)
