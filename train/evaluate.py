@@ -10,7 +10,9 @@
   reports τ (mean over all rounds, bonus token counted), its histogram, per-prompt τ and the
   eager wall-clock ratio plain/dflash (CPU eager: says little about compiled speed);
 - a few greedy completions (text) for the model cards.
-`--dtype` picks the compute dtype (default: the checkpoint's, bf16).
+`--dtype` picks the compute dtype (default: the checkpoint's, bf16). `--drafters drafter,drafter2` picks
+folders; `--temperature T` decodes with seeded sampling (seed = the prompt's index), where
+drafted == plain still holds token for token.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 
 from dflash_iree.export.load import load_pair, load_target
-from dflash_iree.export.reference import generate_dflash, generate_plain
+from dflash_iree.export.reference import SamplingConfig, generate_dflash, generate_plain
 
 
 @torch.no_grad()
@@ -58,6 +60,8 @@ def main() -> None:
     ap.add_argument("--dtype", choices=["bf16", "f32"], help="default: the checkpoint's torch_dtype")
     ap.add_argument("--samples", type=int, default=3, help="completions to keep as text")
     ap.add_argument("--skip-loss", action="store_true")
+    ap.add_argument("--drafters", help="comma-separated drafter folder names (default: every drafter* folder)")
+    ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0: seeded sampling, seed = prompt index")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch CPU threads; 1 because on a shared 2-core machine every multi-threaded op "
                          "waited ~8 ms on its thread pool (450 ms per decode step, against 8 ms on one thread)")
@@ -69,23 +73,28 @@ def main() -> None:
     tok = Tokenizer.from_file(str(tdir / "tokenizer.json"))
     rows = [json.loads(line) for line in open(args.prompts)][: args.limit]
     result = {"prompts": args.prompts, "threads": args.threads, "n_prompts": len(rows), "max_new_tokens": args.max_new_tokens,
-              "dtype": args.dtype or "checkpoint (bf16)", "torch": torch.__version__}
+              "dtype": args.dtype or "checkpoint (bf16)", "torch": torch.__version__,
+              "temperature": args.temperature}
     if not args.skip_loss:
         result["target"] = heldout_loss(tdir, Path(args.data))
         print(json.dumps(result["target"]), flush=True)
 
     plain_cache: dict[int, object] = {}
     result["drafters"] = {}
+    names = args.drafters.split(",") if args.drafters else None
     for ddir in sorted(models.glob("drafter*")):
+        if names is not None and ddir.name not in names:
+            continue
         target, drafter = load_pair(tdir, ddir, max_context=512, dtype=args.dtype)
         B = drafter.block_size
         accepted, per_prompt, mismatches, t_plain, t_spec, samples = [], [], [], 0.0, 0.0, []
         for i, row in enumerate(rows):
             prompt = tok.encode(row["prompt"]).ids
+            sampling = SamplingConfig(temperature=args.temperature, seed=i)
             if i not in plain_cache:
-                plain_cache[i] = generate_plain(target, prompt, args.max_new_tokens)
+                plain_cache[i] = generate_plain(target, prompt, args.max_new_tokens, sampling)
             plain = plain_cache[i]
-            spec = generate_dflash(target, drafter, prompt, args.max_new_tokens)
+            spec = generate_dflash(target, drafter, prompt, args.max_new_tokens, sampling)
             t_plain += plain.decode_s
             t_spec += spec.decode_s
             accepted += spec.accepted

@@ -43,20 +43,21 @@ def main() -> None:
     args = ap.parse_args()
     src, models, data = Path(args.weights), Path(args.models), Path(args.data)
 
-    target = models / "target"
-    copy_weights(src / "target", target)
-    write_json(target / "config.json", target_config_dict())
-    write_json(target / "generation_config.json", generation_config_dict())
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copyfile(data / name, target / name)
+    if (src / "target").is_dir():  # a drafter-only run (train_drafter.py against the packaged target) has none
+        target = models / "target"
+        copy_weights(src / "target", target)
+        write_json(target / "config.json", target_config_dict())
+        write_json(target / "generation_config.json", generation_config_dict())
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copyfile(data / name, target / name)
 
     for folder in sorted(src.glob("drafter-b*")):
         block = int(folder.name.removeprefix("drafter-b"))
         dst = models / ("drafter" if block == args.default_block else f"drafter-b{block}")
         copy_weights(folder, dst)
         write_json(dst / "config.json", drafter_config_dict(block))
-    for folder in sorted(src.glob("dflash2-b*")):  # train_drafter.py --dflash2: models/demo/drafter2
-        block = int(folder.name.removeprefix("dflash2-b"))
+    for folder in sorted(src.glob("drafter-dflash2-b*")):  # train_drafter.py --dflash2: models/demo/drafter2
+        block = int(folder.name.removeprefix("drafter-dflash2-b"))
         dst = models / ("drafter2" if block == args.default_block else f"drafter2-b{block}")
         copy_weights(folder, dst)
         write_json(dst / "config.json", drafter_config_dict(block, dflash2=True))

@@ -207,7 +207,7 @@ def main() -> None:
                     "cross-entropy; one drafter per block size and weight")
     ap.add_argument("--window-lens", default="16,32,64,128,192", help="lengths of the random-window prompts")
     ap.add_argument("--dflash2", action="store_true", help="train DFlash2 drafters (train/common.py DEMO_DFLASH2), "
-                    "written to OUT/dflash2-b{B}/")
+                    "written to OUT/drafter-dflash2-b{B}/")
     ap.add_argument("--eval-every", type=int, default=500)
     ap.add_argument("--time-limit", type=float, default=1e9,
                     help="seconds: the LR schedule compresses to end by then, and the loop stops")
