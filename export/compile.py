@@ -169,7 +169,7 @@ def _describe(p: Plan, pair) -> None:
 
     p.entries = aot.entry_points(aot.export_shapes(p), p.sampled)
     p.parameters = aot.parameter_table(pair)
-    p.state = {name: {"shape": list(b.shape), "dtype": aot.DTYPE_NAMES[b.dtype]}
+    p.state = {name: {"shape": list(b.shape), "dtype": aot.DTYPE_NAMES[b.dtype], "bytes": b.numel() * b.element_size()}
                for name, b in (("target.kv_cache", pair.target.kv_cache), ("drafter.ctx_cache", pair.drafter.ctx_cache))}
 
 
@@ -192,10 +192,11 @@ def export_mlir(p: Plan, path: str | Path, log=None) -> Path:
     return Path(path)
 
 
-# What the export reads besides torch and the configs (keys of the export cache): export/ files, and
-# the shared modules whose values it bakes in (shapes and page size, dtype names, config parsing).
-_EXPORT_SOURCES = ("aot.py", "entry_points.py", "qwen3.py", "dflash.py", "sampling.py", "ops.py", "mlir.py")
-_SHARED_SOURCES = ("config", "manifest")  # dflash_iree modules
+# What the export reads besides torch and the configs (keys of the export cache): every export/ file
+# (a list of names went stale: dflash2.py and draft_window.py were missing from it, and a cached
+# export outlived their edits), and the shared modules whose values it bakes in (shapes and page
+# size, dtype names, config parsing).
+_SHARED_SOURCES = ("config", "config_qwen35", "dflash2", "quant", "manifest")  # dflash_iree modules
 
 
 def cache_dir() -> Path | None:
@@ -213,7 +214,7 @@ def export_key(p: Plan) -> str:
     """sha256 of everything the exported MLIR depends on: the model shapes and options, the export
     sources, and the torch / iree-turbine / compiler versions (not the checkpoint folders)."""
     here = Path(__file__).parent
-    sources = [here / f for f in _EXPORT_SOURCES]
+    sources = sorted(here.glob("*.py"))
     sources += [Path(importlib.import_module(f"dflash_iree.{m}").__file__) for m in _SHARED_SOURCES]
     parts = {
         "target": {k: v for k, v in p.target.to_dict().items() if k != "folder"},
