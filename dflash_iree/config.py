@@ -75,6 +75,9 @@ class DrafterConfig(LayerShape):
     output_multiplier: float = 1.0  # logits * m, then the softcap (both optional, for v1 too)
     final_logit_softcapping: float = 0.0  # cap > 0: logits = tanh(logits / cap) * cap; 0: none
     dflash2: DFlash2Shape | None = None  # the DFlash2 fields (dflash_iree/dflash2.py); None: a v1 drafter
+    # per layer: 0 full_attention (bidirectional in the block), W sliding_attention (causal, window W);
+    # () when every layer is full_attention (export/draft_window.py)
+    layer_windows: tuple[int, ...] = ()
     folder: str = ""
     raw: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -147,15 +150,43 @@ def _dtype(raw: dict, path: Path) -> str:
     return DTYPES[name]
 
 
-def _layer_shape(raw: dict, path: Path) -> dict:
+def _layer_types(raw: dict, path: Path) -> list[str]:
+    """Each layer's attention type: `layer_types`, or, when absent, Hugging Face Qwen3Config's rule
+    (sliding_attention for layers >= max_window_layers when use_sliding_window is set)."""
+    n = int(_need(raw, "num_hidden_layers", path))
+    types = raw.get("layer_types")
+    if types is None:
+        slide = bool(raw.get("use_sliding_window")) and raw.get("sliding_window") is not None
+        first = int(raw.get("max_window_layers", 28))
+        return ["sliding_attention" if slide and i >= first else "full_attention" for i in range(n)]
+    if not isinstance(types, list) or len(types) != n:
+        raise DFlashError(f"{path}: layer_types must list one type per layer ({n}), got {types!r}")
+    bad = sorted({t for t in types if t not in ("full_attention", "sliding_attention")})
+    if bad:
+        raise DFlashError(f"{path}: layer_types {bad} are not supported; use full_attention or sliding_attention")
+    return types
+
+
+def _layer_windows(raw: dict, path: Path) -> tuple[int, ...]:
+    """A drafter's per-layer window: 0 for full_attention, sliding_window for sliding_attention."""
+    types = _layer_types(raw, path)
+    if "sliding_attention" not in types:
+        return ()
+    w = raw.get("sliding_window")
+    if isinstance(w, bool) or not isinstance(w, int) or w < 1:
+        raise DFlashError(f"{path}: sliding_window is {w!r}; a sliding_attention layer needs an integer window >= 1")
+    return tuple(w if t == "sliding_attention" else 0 for t in types)
+
+
+def _layer_shape(raw: dict, path: Path, sliding: bool = False) -> dict:
     family = raw.get("model_type")
     if family not in SUPPORTED_FAMILIES:
         raise DFlashError(
             f"{path}: model_type '{family}' is not supported; supported families: {', '.join(SUPPORTED_FAMILIES)}"
         )
-    layer_types = raw.get("layer_types") or []
-    if raw.get("use_sliding_window") or any(t != "full_attention" for t in layer_types):
-        raise DFlashError(f"{path}: sliding-window attention layers are not implemented; only full_attention is")
+    if not sliding and "sliding_attention" in _layer_types(raw, path):
+        raise DFlashError(f"{path}: sliding-window attention layers are implemented for drafters only; "
+                          "use a target whose layers are all full_attention")
     heads = int(_need(raw, "num_attention_heads", path))
     hidden = int(_need(raw, "hidden_size", path))
     return dict(
@@ -191,7 +222,7 @@ def load_target_config(folder: str | Path) -> TargetConfig:
 
     Raises:
         DFlashError: the folder or config.json is missing, the family is not qwen3,
-            or a field is missing or unsupported (RoPE scaling, sliding windows, dtype, a 4-bit format
+            or a field is missing or unsupported (RoPE scaling, sliding-window layers, dtype, a 4-bit format
             dflash_iree/quant.py does not read).
     """
     folder = Path(folder)
@@ -243,7 +274,8 @@ def load_drafter_config(folder: str | Path, target: TargetConfig) -> DrafterConf
     """Read a DFlash drafter's `config.json` and check that it fits `target`.
 
     Raises:
-        DFlashError: the config is missing or unsupported (sliding windows; a DFlash2 drafter's
+        DFlashError: the config is missing or unsupported (an unknown layer type, a sliding
+            layer without an integer sliding_window, an explicit is_causal; a DFlash2 drafter's
             fields, dflash_iree/dflash2.py `read_dflash2`),
             `mask_token_id` is absent, or the drafter does not fit the target (hidden size,
             vocabulary, tap ids out of range, `num_target_layers`), naming both values.
@@ -257,9 +289,11 @@ def load_drafter_config(folder: str | Path, target: TargetConfig) -> DrafterConf
                           "supported as a drafter); pass a DFlash drafter as the drafter")
     quant.read_format(raw, path)
     dcfg = raw.get("dflash_config") or {}
-    if dcfg.get("causal") or raw.get("is_causal"):
-        raise DFlashError(f"{path}: causal drafter attention is not implemented; DFlash drafters attend bidirectionally in the block")
-    shape = _layer_shape(raw, path)
+    shape = _layer_shape(raw, path, sliding=True)
+    windows = _layer_windows(raw, path)
+    if dcfg.get("causal") or raw.get("is_causal") or (raw.get("is_causal") is False and windows):
+        raise DFlashError(f"{path}: is_causal overrides are not implemented; a drafter's full_attention layers attend "
+                          "bidirectionally in the block and its sliding_attention layers causally: drop the field")
     if "mask_token_id" not in dcfg and "mask_token_id" not in raw:
         if not dcfg and "DFlashDraftModel" not in (raw.get("architectures") or []):
             raise DFlashError(f"{path}: this is not a DFlash drafter config (no dflash_config; model_type "
@@ -312,6 +346,7 @@ def load_drafter_config(folder: str | Path, target: TargetConfig) -> DrafterConf
         output_multiplier=_number(dcfg, raw, "output_multiplier", 1.0, path),
         final_logit_softcapping=_number(dcfg, raw, "final_logit_softcapping", 0.0, path),
         dflash2=v2,
+        layer_windows=windows,
         folder=str(folder),
         raw=raw,
     )

@@ -321,11 +321,16 @@ def out_of_memory(manifest: Manifest, folder: Path, device: str, detail: str) ->
     state, params = memory_needed(manifest)
     free = _available_bytes(device)
     C, page = manifest.max_context, manifest.kv_page
+    # only caches of max_context rows grow with it: a sliding drafter's ring does not
+    entries = manifest.state["globals"].values()
+    growing = _nbytes([e for e in entries if len(e["shape"]) > 3 and int(e["shape"][3]) == C])
+    fixed = state - growing
     line = (f"out of device memory with {folder}: the KV caches need {state / 2**20:.1f} MiB at max_context {C} and "
             f"the weights {params / 2**20:.1f} MiB")
     if free is not None:
         # a fifth kept back for the working buffers a call allocates beside the caches
-        fit = int((0.8 * free - params) / (state / C)) // page * page if 0.8 * free > params else 0
+        room = 0.8 * free - params - fixed
+        fit = int(room / (growing / C)) // page * page if room > 0 and growing else 0
         line += f", {free / 2**20:.1f} MiB are free"
         if fit >= C:
             line += "; that is enough, so something else took the memory meanwhile: free the device and retry"

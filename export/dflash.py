@@ -26,6 +26,7 @@ from torch import nn
 
 from dflash_iree.config import DrafterConfig
 
+from . import draft_window
 from .ops import top_k_per_stream
 from .qwen3 import DecoderLayer, Qwen3, RMSNorm, attention_fn, cache_rows, project, rope_tables, write_cache
 from .sampling import Sampling, draft_tokens
@@ -34,20 +35,23 @@ from .sampling import Sampling, draft_tokens
 class DrafterLayer(DecoderLayer):
     """A Qwen3 layer whose keys and values are [cached context K/V, the block's own K/V]."""
 
-    def forward(self, x, cos, sin, ctx_k, ctx_v, ctx_visible) -> torch.Tensor:
-        return self.finish(x, self.attend_block(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, ctx_visible))
+    def forward(self, x, cos, sin, ctx_k, ctx_v, ctx_visible, block_visible=None) -> torch.Tensor:
+        return self.finish(x, self.attend_block(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, ctx_visible,
+                                                block_visible))
 
-    def attend_block(self, h, cos, sin, ctx_k, ctx_v, ctx_visible) -> torch.Tensor:
+    def attend_block(self, h, cos, sin, ctx_k, ctx_v, ctx_visible, block_visible=None) -> torch.Tensor:
         """The block's attention before o_proj: h [S, B, hidden] (normalised) -> [S, B, Hq * hd].
 
         Keys and values are the cached context's (ctx_k, ctx_v [S, N, Hkv, hd], visible where
-        ctx_visible [S, 1, N]) and the block's own, from h, all visible.
+        ctx_visible [S, 1 or B, N]) and the block's own, from h: all visible, or where
+        block_visible [S, B, B] (a sliding_attention layer's, export/draft_window.py).
         """
         S, B, _ = h.shape
         q, k, v = self.self_attn.qkv(h, cos, sin)
         keys = torch.cat([ctx_k, k], 1)
         values = torch.cat([ctx_v, v], 1)
-        block_visible = torch.ones(S, B, B, dtype=torch.bool, device=h.device)
+        if block_visible is None:
+            block_visible = torch.ones(S, B, B, dtype=torch.bool, device=h.device)
         visible = torch.cat([ctx_visible.expand(S, B, -1), block_visible], -1)
         return attention_fn(self.attention)(q, keys, values, visible)
 
@@ -64,7 +68,9 @@ def transform_logits(logits: torch.Tensor, cfg: DrafterConfig) -> torch.Tensor:
 
 
 class DFlashDrafter(nn.Module):
-    """DFlash drafter with a context KV cache [S, L, 2, max_context, kv_dim].
+    """DFlash drafter with a context KV cache [S, L, 2, N, kv_dim]: N = max_context, or, when every
+    layer is a sliding_attention one, a ring of window + block_size slots and a spare
+    (export/draft_window.py).
 
     Args:
         cfg: the drafter config (checked against the target by `load_drafter_config`).
@@ -86,21 +92,26 @@ class DFlashDrafter(nn.Module):
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
         self.layers = nn.ModuleList(self.layer_cls(cfg, dtype, device, attention) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, device)
-        shape = (streams, cfg.num_hidden_layers, 2, max_context, cfg.kv_dim)
+        self.ring = draft_window.ring_slots(cfg, block_size)
+        rows = draft_window.cache_length(cfg, block_size, max_context)
+        shape = (streams, cfg.num_hidden_layers, 2, rows, cfg.kv_dim)
         self.register_buffer("ctx_cache", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
 
-    def absorb(self, taps: torch.Tensor, start: torch.Tensor) -> None:
+    def absorb(self, taps: torch.Tensor, start: torch.Tensor, n_valid: torch.Tensor | None = None) -> None:
         """Project context rows into the context cache at positions [start, start + R).
 
         Args:
             taps: [S, R, num_taps * hidden_size], the target's taps for those positions.
             start: int64 [S], position of taps[:, 0].
+            n_valid: int64 [S], the real rows (the next block starts at start + n_valid); default R.
+                Only a ring cache uses it, to choose which rows it keeps.
         """
         R = taps.shape[1]
         positions = start[:, None] + torch.arange(R, dtype=torch.int64, device=taps.device)
         ctx = self.hidden_norm(project(taps.to(self.norm.weight.dtype), [self.fc])[0])
         cos, sin = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta, ctx.dtype)
-        rows = cache_rows(self.ctx_cache, positions)
+        block_start = start + (R if n_valid is None else n_valid)
+        rows = cache_rows(self.ctx_cache, draft_window.absorb_slots(positions, block_start, self.ring, self.block_size))
         # every layer's k and v projections of the one ctx as one named op (grouped dispatches)
         kv = project(ctx, [p for layer in self.layers for p in (layer.self_attn.k_proj, layer.self_attn.v_proj)])
         for i, layer in enumerate(self.layers):
@@ -120,7 +131,8 @@ class DFlashDrafter(nn.Module):
             ctx_start: int64 [S], position of taps[:, 0].
             n_valid: int64 [S], how many of the R rows are real; the block starts at ctx_start + n_valid.
             anchor: int64 [S], the last committed token (block position 0).
-            read_len: context cache rows to read (>= block start); default max_context.
+            read_len: context cache rows to read (>= block start); default max_context. A ring cache
+                reads all its slots, whatever read_len says.
             sampling: None: a greedy draft; else the request's sampling parameters, and each draft
                 token is chosen with the target's keyed noise at its position (`draft_tokens`).
 
@@ -129,10 +141,12 @@ class DFlashDrafter(nn.Module):
                 start + 1 .. start + B - 1).
             logits: float32 [S, B - 1, vocab_size].
         """
-        self.absorb(taps, ctx_start)
+        self.absorb(taps, ctx_start, n_valid)
         B = self.block_size
         S = anchor.shape[0]
         read_len = self.max_context if read_len is None else read_len
+        if self.ring is not None:
+            read_len = self.ctx_cache.shape[3]
         start = ctx_start + n_valid
         masks = torch.full((S, B - 1), self.cfg.mask_token_id, dtype=torch.int64, device=anchor.device)
         block = torch.cat([anchor[:, None], masks], 1)
@@ -140,13 +154,18 @@ class DFlashDrafter(nn.Module):
         x = x.to(self.norm.weight.dtype)
         positions = start[:, None] + torch.arange(B, dtype=torch.int64, device=anchor.device)
         cos, sin = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
-        key_pos = torch.arange(read_len, dtype=torch.int64, device=anchor.device)
-        ctx_visible = (key_pos[None, :] < start[:, None])[:, None, :]  # S, 1, N
+        windows = self.cfg.layer_windows or (0,) * len(self.layers)
+        if self.ring is None and not any(windows):  # every layer full: one [S, 1, N] row of context visibility
+            key_pos = torch.arange(read_len, dtype=torch.int64, device=anchor.device)
+            visible = {0: ((key_pos[None, :] < start[:, None])[:, None, :], None)}
+        else:
+            held = draft_window.slot_positions(start, read_len, self.ring)
+            visible = {w: draft_window.visibility(held, positions, w) for w in sorted(set(windows))}
         hd = self.cfg.head_dim
         for i, layer in enumerate(self.layers):
             ctx_k = self.ctx_cache[:, i, 0, :read_len].view(S, read_len, -1, hd)
             ctx_v = self.ctx_cache[:, i, 1, :read_len].view(S, read_len, -1, hd)
-            x = layer(x, cos, sin, ctx_k, ctx_v, ctx_visible)
+            x = layer(x, cos, sin, ctx_k, ctx_v, *visible[windows[i]])
         return self.propose(target, self.norm(x[:, 1:]), anchor, positions[:, 1:], sampling)
 
     def propose(self, target: Qwen3, h: torch.Tensor, anchor: torch.Tensor, positions: torch.Tensor,

@@ -90,9 +90,10 @@ class DFlash2Layer(DrafterLayer):
         self.attention_conv = DynamicCausalConv(cfg.hidden_size, k, g, dtype, device)
         self.mlp_conv = DynamicCausalConv(cfg.hidden_size, k, g, dtype, device)
 
-    def forward(self, x, cos, sin, ctx_k, ctx_v, ctx_visible) -> torch.Tensor:
+    def forward(self, x, cos, sin, ctx_k, ctx_v, ctx_visible, block_visible=None) -> torch.Tensor:
         h, delta = self.attention_conv.prepare(self.input_layernorm(x))
-        attended = project(self.attend_block(h, cos, sin, ctx_k, ctx_v, ctx_visible), [self.self_attn.o_proj])[0]
+        attended = project(self.attend_block(h, cos, sin, ctx_k, ctx_v, ctx_visible, block_visible),
+                           [self.self_attn.o_proj])[0]
         x = x + self.attention_conv.finish(attended, delta)
         h, delta = self.mlp_conv.prepare(self.post_attention_layernorm(x))
         out = project(self.mlp.swiglu(h), [self.mlp.down_proj])[0]

@@ -25,6 +25,7 @@ import torch
 
 from dflash_iree.manifest import KV_PAGE
 
+from . import draft_window
 from .entry_points import EntryPoint, ExportShapes, TensorSpec
 from .qwen3 import attention_fn, project, rope_tables
 from .sampling import Sampling, choose_tokens
@@ -119,15 +120,17 @@ def target_prefill_stream(target, tokens: torch.Tensor, stream: torch.Tensor, st
 
 def drafter_absorb_stream(drafter, taps: torch.Tensor, stream: torch.Tensor, start: torch.Tensor) -> None:
     """export/dflash.py `DFlashDrafter.absorb` into one stream's slot: taps [1, R, N] at positions
-    [start, start + R) (start, stream: int64 [1])."""
+    [start, start + R) (start, stream: int64 [1]); a ring cache keeps its window of them
+    (export/draft_window.py)."""
     R = taps.shape[1]
     pos = start + torch.arange(R, dtype=torch.int64, device=taps.device)
     ctx = drafter.hidden_norm(project(taps.to(drafter.fc.weight.dtype), [drafter.fc])[0])
     cos, sin = rope_tables(pos[None, :], drafter.cfg.head_dim, drafter.cfg.rope_theta, ctx.dtype)
     kv = project(ctx, [p for layer in drafter.layers for p in (layer.self_attn.k_proj, layer.self_attn.v_proj)])
+    slots = draft_window.absorb_slots(pos[None], start + R, drafter.ring, drafter.block_size)[0]
     for i, layer in enumerate(drafter.layers):
         k, v = layer.self_attn.rotate_kv(kv[2 * i], kv[2 * i + 1], cos, sin)
-        _write_slot(drafter.ctx_cache, stream, i, pos, k, v)
+        _write_slot(drafter.ctx_cache, stream, i, slots, k, v)
 
 
 # The exported bodies (the root `Pair` first, as in export/entry_points.py).

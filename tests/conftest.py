@@ -90,3 +90,16 @@ def dflash2_dir(tiny_dir, target_dir) -> Path:
     from tiny import make_dflash2_drafter
 
     return make_dflash2_drafter(tiny_dir / "drafter2", target_dir)
+
+
+SLIDING_WINDOW = 12  # the sliding DFlash2 drafter's window: its ring is 12 + 8 slots
+
+
+@pytest.fixture(scope="session")
+def dflash2_sliding_dir(tiny_dir, target_dir) -> Path:
+    """dflash2_dir's drafter with both layers sliding_attention, window 12 (as the Qwen3.6-27B
+    DFlash2 example, whose layers all slide): a ring context cache of 12 + 8 slots."""
+    from tiny import make_dflash2_drafter
+
+    return make_dflash2_drafter(tiny_dir / "drafter2-sliding", target_dir, layer_types=["sliding_attention"] * 2,
+                                sliding_window=SLIDING_WINDOW)

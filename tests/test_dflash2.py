@@ -35,14 +35,18 @@ def ref_conv(x, delta, base, group):
     return out
 
 
-def ref_hidden(target, drafter, ctx_taps, anchor):
+def ref_hidden(target, drafter, ctx_taps, anchor, window: int = 0):
     """The last layer's normalised output at block rows 1..B-1: ctx_taps [P, nH] at positions
-    0..P-1, the block [anchor, mask...] at P..P+B-1."""
+    0..P-1, the block [anchor, mask...] at P..P+B-1. window > 0: every layer is a sliding_attention
+    one, key k visible to query q when k <= q and q - k < window (z-lab/dflash `_attention_mask`)."""
     P, B, hd = ctx_taps.shape[0], drafter.block_size, drafter.cfg.head_dim
     k, group = drafter.cfg.dflash2.conv_kernel_size, drafter.cfg.dflash2.conv_group_size
     ctx = _rms(ctx_taps @ drafter.fc.weight.T, drafter.hidden_norm.weight)
     x = target.model.embed_tokens.weight[torch.tensor([anchor] + [MASK] * (B - 1))]
     pos = torch.arange(P + B)
+    mask = None
+    if window:
+        mask = (pos[None, :] <= pos[P:, None]) & (pos[P:, None] - pos[None, :] < window)
     for layer in drafter.layers:
         a, m = layer.self_attn, layer.mlp
         for conv, norm, sub in ((layer.attention_conv, layer.input_layernorm, "attn"),
@@ -57,7 +61,7 @@ def ref_hidden(target, drafter, ctx_taps, anchor):
                 v = (kv_in @ a.v_proj.weight.T).view(P + B, -1, hd)
                 g = q.shape[1] // kk.shape[1]
                 kk, v = kk.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
-                o = F.scaled_dot_product_attention(q.transpose(0, 1), kk.transpose(0, 1), v.transpose(0, 1))
+                o = F.scaled_dot_product_attention(q.transpose(0, 1), kk.transpose(0, 1), v.transpose(0, 1), attn_mask=mask)
                 y = o.transpose(0, 1).reshape(B, -1) @ a.o_proj.weight.T
             else:
                 y = (F.silu(h @ m.gate_proj.weight.T) * (h @ m.up_proj.weight.T)) @ m.down_proj.weight.T

@@ -2,7 +2,9 @@
 
 - eager: the random DFlash2 drafter and the scripted drafter through `run_exactness` (tests/test_exactness.py),
   and the acceptance rule that keeps one rejected token failing the same check;
-- compiled (one session compile of the tiny DFlash2 pair, `dflash2_artifacts`): the device's
+- compiled (one session compile of the tiny DFlash2 pair, `dflash2_artifacts`, whose drafter's
+  layers all slide, window 12, as the Qwen3.6-27B example's do: its context cache is a ring of
+  20 slots, and the 33-token prompt and the 60 new tokens run past it): the device's
   first draft after a prompt == the eager walk, greedy and coupled at T = 1; a broken walk (the
   predecessor never advances) drafts otherwise, so that comparison bites; and generate ==
   plain decoding, with the planted acceptance rule failing it. v1's compiled exactness is
@@ -11,6 +13,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 
 import pytest
@@ -34,17 +37,19 @@ def pair(target_dir, dflash2_dir):
 
 
 @pytest.fixture(scope="module")
-def pair256(target_dir, dflash2_dir):
-    return load_pair(target_dir, dflash2_dir, 256)
+def pair256(target_dir, dflash2_sliding_dir):
+    return load_pair(target_dir, dflash2_sliding_dir, 256)
 
 
 @pytest.fixture(scope="session")
-def dflash2_artifacts(tmp_path_factory, target_dir, dflash2_dir):
-    """The tiny DFlash2 pair compiled for the host CPU (block 8, max_context 256, float32), once."""
+def dflash2_artifacts(tmp_path_factory, target_dir, dflash2_sliding_dir):
+    """The tiny sliding-window DFlash2 pair compiled for the host CPU (block 8, max_context 256,
+    float32), once."""
     from dflash_iree.export.compile import Progress, compile_artifacts
 
     out = tmp_path_factory.mktemp("compiled-dflash2") / "host"
-    compile_artifacts("host", target_dir, dflash2_dir, out, max_context=256, log=Progress(open(os.devnull, "w")))
+    compile_artifacts("host", target_dir, dflash2_sliding_dir, out, max_context=256,
+                      log=Progress(open(os.devnull, "w")))
     return out
 
 
@@ -129,4 +134,8 @@ def test_compiled_manifest_names_the_dflash2_drafter(engine, dflash2_artifacts):
 
     manifest = json.loads((dflash2_artifacts / "manifest.json").read_text())
     assert manifest["drafter"]["config"]["dflash2"]["selector_top_k"] == 16
+    assert manifest["drafter"]["config"]["layer_windows"] == [12, 12]
+    ring = manifest["state"]["globals"]["drafter.ctx_cache"]
+    # a ring of window + block slots and a spare, whatever max_context is; float32
+    assert ring["shape"][3] == 12 + 8 + 1 and ring["bytes"] == math.prod(ring["shape"]) * 4
     assert "candidate_selector.predecessor_codebook" in manifest["parameters"]["drafter"]

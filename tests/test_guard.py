@@ -101,7 +101,7 @@ def _manifest(**fields_) -> Manifest:
     """A Manifest with only the fields a test reads (the others None: nothing checks them here).
     By default 1 MiB of caches at max_context 1024 and 1 MiB of weights (f32 and bf16)."""
     return Manifest(**{**{f.name: None for f in fields(Manifest)}, "max_context": 1024, "kv_page": 32,
-                       "state": {"globals": {"k": {"shape": [1024, 256], "dtype": "f32"}}},
+                       "state": {"globals": {"target.kv_cache": {"shape": [1, 1, 2, 1024, 128], "dtype": "f32"}}},
                        "parameters": {"target": {"w": {"shape": [2**17], "dtype": "f32"}},
                                       "drafter": {"e": {"shape": [2**18], "dtype": "bf16"}}}, **fields_})
 
@@ -128,3 +128,8 @@ def test_gpu_out_of_memory_names_free_and_a_context_that_fits(fake_smi):
     # whole pages of the manifest's own kv_page
     e = guard.out_of_memory(_manifest(kv_page=64), Path("compiled/sm_80"), "cuda://0", "RESOURCE_EXHAUSTED")
     assert "recompile with --max-context 576 or less" in str(e)
+    # a sliding drafter's ring (21 rows, whatever max_context) is taken off the room, not scaled
+    ring = {"shape": [1, 1, 2, 21, 2048], "dtype": "f32"}  # 0.328 MiB
+    state = {"globals": {"target.kv_cache": _manifest().state["globals"]["target.kv_cache"], "drafter.ctx_cache": ring}}
+    e = guard.out_of_memory(_manifest(state=state), Path("compiled/sm_80"), "cuda://0", "RESOURCE_EXHAUSTED")
+    assert "recompile with --max-context 256 or less" in str(e)  # (0.6 - 0.328) MiB = 278 rows of 1 KiB
