@@ -242,9 +242,11 @@ def cache_rows(cache: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | l
     if S > 1:
         # A row of the [L, S*2T] tensor, T dynamic (prefill, absorb), is an i64 [1, ?] slice inside
         # the cache write's scatter dispatch, which IREE 3.13's GPU codegen rejects (a 1x1 memref of
-        # strides [?, 1] against its rank-reduced 1-D form; the CPU compiles it). One stream never
-        # meets it: its [L, 2T] is elementwise, no transpose, and is fused into each write. So each
-        # layer adds its constant offset to one [S*2T] vector: (s*L + l)*2C + p = s*L*2C + p + l*2C.
+        # strides [?, 1] against its rank-reduced 1-D form; the CPU compiles it), also when the
+        # tensor is built [L, S, 2T] with no transpose. Here each layer adds its constant offset to
+        # one [S*2T] vector, (s*L + l)*2C + p = s*L*2C + p + l*2C, and its scatter reads that whole
+        # (experiments/2026-12-02-streams-sm80/). One stream keeps the tensor: it compiles, and
+        # its module (the records) stays as it was.
         streams = torch.arange(S, dtype=torch.int64, device=positions.device)[:, None]
         at = streams * (L * 2 * C) + positions  # S, T
         flat = torch.cat([at, at + C], 1).reshape(-1)

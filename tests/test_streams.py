@@ -1,9 +1,9 @@
 """The stream dimension S: the per-stream prefill and absorb (export/stream_entry_points.py) write
 one stream's slot and nothing else, eagerly; and the tiny pair compiled with --streams 4 for the
 host (the session's shared `streams_artifacts`) has S-shaped entry points and the per-stream ones.
-(For sm_80 an S = 2 module did not compile with the pinned iree-compile: it fails translating one of
-its own dispatches, an i64 [1, 1] memref against a rank-reduced one, also with only the top-K and
-norm + rope splices run; not retried here, there is no GPU compiler check on the host.)"""
+S > 1 modules compile for sm_80 and gfx1151 too since export/qwen3.py `cache_rows` gives each layer
+its own index vector (before, a [1, ?] i64 slice in the cache write failed CUDA translation;
+experiments/2026-12-02-streams-sm80/); no GPU compile runs here, its form is tested below."""
 
 from __future__ import annotations
 
