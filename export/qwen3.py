@@ -231,13 +231,26 @@ class Attention(nn.Module):
         return (q, *self.rotate_kv(k, v, cos, sin))
 
 
-def cache_rows(cache: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+def cache_rows(cache: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | list[torch.Tensor]:
     """The rows of cache [S, L, 2, C, kv_dim]'s flat [S*L*2*C, kv_dim] view that hold the keys and
-    values of int64 positions [S, T]: int64 [L, S*2T], per layer the keys' T rows then the values'
-    T rows of each stream. Computed once a step for every layer, so that a layer's write indexes a
-    slice of it instead of running an index dispatch of its own.
+    values of int64 positions [S, T]: indexed by layer, int64 [S*2T] each, per layer the keys' T
+    rows then the values' T rows of each stream. One stream: an int64 [L, 2T] tensor, computed once
+    a step for every layer, so that a layer's write indexes a slice of it instead of running an
+    index dispatch of its own. Several streams: a list of L int64 [S*2T] tensors, the same numbers.
     """
     S, L, _, C, _ = cache.shape
+    if S > 1:
+        # A row of the [L, S*2T] tensor, T dynamic (prefill, absorb), is an i64 [1, ?] slice inside
+        # the cache write's scatter dispatch, which IREE 3.13's GPU codegen rejects (a 1x1 memref of
+        # strides [?, 1] against its rank-reduced 1-D form; the CPU compiles it), also when the
+        # tensor is built [L, S, 2T] with no transpose. Here each layer adds its constant offset to
+        # one [S*2T] vector, (s*L + l)*2C + p = s*L*2C + p + l*2C, and its scatter reads that whole
+        # (experiments/2026-12-02-streams-sm80/). One stream keeps the tensor: it compiles, and
+        # its module (the records) stays as it was.
+        streams = torch.arange(S, dtype=torch.int64, device=positions.device)[:, None]
+        at = streams * (L * 2 * C) + positions  # S, T
+        flat = torch.cat([at, at + C], 1).reshape(-1)
+        return [flat + layer * 2 * C for layer in range(L)]
     streams = torch.arange(S, dtype=torch.int64, device=positions.device)[:, None]
     layers = torch.arange(L, dtype=torch.int64, device=positions.device)[None, :]
     at = ((streams * L + layers) * 2 * C)[:, :, None] + positions[:, None, :]  # S, L, T

@@ -1,9 +1,9 @@
 """The stream dimension S: the per-stream prefill and absorb (export/stream_entry_points.py) write
 one stream's slot and nothing else, eagerly; and the tiny pair compiled with --streams 4 for the
 host (the session's shared `streams_artifacts`) has S-shaped entry points and the per-stream ones.
-(For sm_80 an S = 2 module did not compile with the pinned iree-compile: it fails translating one of
-its own dispatches, an i64 [1, 1] memref against a rank-reduced one, also with only the top-K and
-norm + rope splices run; not retried here, there is no GPU compiler check on the host.)"""
+S > 1 modules compile for sm_80 and gfx1151 too since export/qwen3.py `cache_rows` gives each layer
+its own index vector (before, a [1, ?] i64 slice in the cache write failed CUDA translation;
+experiments/2026-12-02-streams-sm80/); no GPU compile runs here, its form is tested below."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import json
 import torch
 
 from dflash_iree.export.load import load_pair
+from dflash_iree.export.qwen3 import cache_rows
 from dflash_iree.export.stream_entry_points import drafter_absorb_stream, target_prefill_stream
 
 CONTEXT = 256
@@ -37,6 +38,17 @@ def test_prefill_stream_writes_its_slot_only(target_dir, drafter_dir):
         assert torch.allclose(three[2, :, :, :T], one[0, :, :, :T], atol=1e-5)
         assert torch.equal(three[2, :, :, T:], before[2, :, :, T:])
         assert torch.equal(three[:2], before[:2])
+
+
+def test_cache_rows_of_several_streams():
+    """The per-layer rows of S > 1 streams (export/qwen3.py `cache_rows`, formed so that sm_80
+    compiles them) are the flat-view rows (s*L + l)*2C + p of keys, then + C of values, per stream."""
+    S, L, C = 3, 4, 64
+    positions = torch.tensor([[5, 6, 7], [0, 1, 2], [60, 61, 62]])
+    rows = cache_rows(torch.zeros(S, L, 2, C, 8), positions)
+    for layer in range(L):
+        keys = torch.stack([(s * L + layer) * 2 * C + positions[s] for s in range(S)])
+        assert torch.equal(rows[layer], torch.cat([keys, keys + C], 1).reshape(-1))
 
 
 def test_four_streams_manifest(streams_artifacts):
