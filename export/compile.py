@@ -90,8 +90,8 @@ def plan(target_dir: str | Path, drafter_dir: str | Path, block_size: int | None
 
     Raises:
         DFlashError: a missing config, an unsupported family, a drafter that does not fit the
-            target, block_size / max_context / dtype / streams / draft_top_k out of range, a 4-bit
-            checkpoint or bits option (not compiled yet).
+            target, block_size / max_context / dtype / streams (a hybrid target: above 1) / draft_top_k
+            out of range, a 4-bit checkpoint or bits option (not compiled yet).
     """
     from dflash_iree.kernels.topk import MAX_K
 

@@ -6,7 +6,8 @@ and `draft_topk` (also `draft_topk_sampled`) when the artifacts were compiled wi
 `--draft-top-k K` (K >= 1). Every call passes `pages`, an int8 vector whose length bounds the KV cache rows that attention reads
 (`kv_page` rows a page), so a step's cost follows the context length, not `max_context`. Taps stay
 on the device: `prefill` and `verify` return them as device arrays and `absorb` / `draft` take
-them back.
+them back. A hybrid target's `prefill` takes a static chunk (the manifest's `shapes.prefill_chunk`):
+`CompiledPair.prefill` then runs the prompt in pieces (export/hybrid.py).
 
 Host transfer contract: everything the host reads, a call writes into pinned host buffers the
 runtime passes as its last arguments (the manifest's `writes`), and the host reads them through

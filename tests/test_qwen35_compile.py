@@ -124,3 +124,14 @@ def test_every_accepted_length_rolls_back(hybrid_artifacts, eager, planted):
         assert out.tokens != want
     else:
         assert set(out.accepted) == set(range(B)) and out.tokens == want
+
+
+def test_exact_and_draft_top_k_keep_the_tokens(engine, eager):
+    """`exact` (plain steps through the verify graph) and `draft_top_k` (the top-K drafter) on the
+    hybrid module give the eager tokens too, with prompts through both prefill paths."""
+    target, _ = eager
+    for prompt in (SHORT, LONG[:CHUNK], LONG[:CHUNK + 3]):  # verify only, one whole chunk, chunk + verify
+        want = generate_plain(target, prompt, 16).tokens
+        assert engine.generate(prompt, 16, exact=True).tokens == want
+        top = engine.generate(prompt, 16, draft_top_k=3)
+        assert top.tokens == want and len(top.draft_top_k) == len(top.accepted)
