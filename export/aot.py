@@ -5,7 +5,8 @@ the drafter uses too) are bound once. What the module looks like from outside:
 
 - Weights are external named parameters, never inlined: scope `target` with the target's
   safetensors keys, scope `drafter` with the drafter's keys (iree-turbine's ExternalTensorTrait).
-- The two KV caches (the target's `kv_cache`, the drafter's `ctx_cache`) are mutable module
+- The two KV caches (the target's `kv_cache`, the drafter's `ctx_cache`), and a hybrid target's
+  recurrent state slots (export/recurrent_state.py), are mutable module
   globals initialized to zeros by the module itself: they are neither function arguments (which
   IREE copies in full on every call, shared/notes/iree.md section 3) nor checkpoint parameters.
   Rollback is by length: the runtime keeps the committed length and passes `start`.
@@ -45,11 +46,13 @@ import torch
 from torch import nn
 
 from dflash_iree.config import DrafterConfig, TargetConfig
+from dflash_iree.config_qwen35 import HybridConfig
 from dflash_iree.manifest import DTYPES, KV_PAGE  # noqa: F401 (KV_PAGE: cache rows per page, read from here too)
 
 from .dflash import DFlashDrafter
 from .dflash2 import drafter_class
 from .qwen3 import Qwen3
+from .qwen35 import Qwen35
 from .entry_points import BODIES, EntryPoint, ExportShapes, TensorSpec, entry_points, export_shapes  # noqa: F401
 from .mlir import strip_locations
 from .stream_entry_points import STREAM_BODIES
@@ -79,15 +82,31 @@ def build_pair(tcfg: TargetConfig, dcfg: DrafterConfig, max_context: int, block_
     """Target and drafter on the meta device (no weights), in eval mode, without gradients.
 
     attention: the attention form (export/qwen3.py `ATTENTION`) the backend runs best.
+    A hybrid target (`HybridConfig`) is a `Qwen35` with block_size recurrent state slots (the rows
+    of a verify it rolls back within, export/recurrent_state.py).
     """
     with torch.device("meta"):
-        target = Qwen3(tcfg, max_context, dcfg.target_layer_ids, streams, dtype, attention=attention)
+        if isinstance(tcfg, HybridConfig):
+            target = Qwen35(tcfg, max_context, dcfg.target_layer_ids, streams, dtype, attention=attention,
+                            state_slots=block_size)
+        else:
+            target = Qwen3(tcfg, max_context, dcfg.target_layer_ids, streams, dtype, attention=attention)
         drafter = drafter_class(dcfg)(dcfg, max_context, block_size, streams, dtype, attention=attention)
         if dcfg.dflash2 is not None:  # one top-K shape in the module (export/dflash2.py CandidateSelector)
             drafter.candidate_selector.op_top_k = max(dcfg.dflash2.selector_top_k, draft_top_k)
     pair = Pair(target, drafter, draft_top_k).eval()
     pair.requires_grad_(False)
     return pair
+
+
+def state_globals(pair: Pair) -> dict[str, torch.Tensor]:
+    """name -> buffer of every module-initialized mutable global: the two KV caches and, for a
+    hybrid target, its recurrent state slots (`target.state.gdn_slots`, `conv_slots`, `slot_start`)."""
+    out = {"target.kv_cache": pair.target.kv_cache}
+    if isinstance(pair.target, Qwen35):
+        out.update({f"target.state.{n}": b for n, b in pair.target.state.named_buffers()})
+    out["drafter.ctx_cache"] = pair.drafter.ctx_cache
+    return out
 
 
 def parameter_table(pair: Pair) -> dict[str, dict[str, dict]]:
@@ -140,10 +159,10 @@ def export_module(pair: Pair, shapes: ExportShapes, sampled: bool = True, log=No
     for scope, module in ((TARGET_SCOPE, pair.target), (DRAFTER_SCOPE, pair.drafter)):
         for name, param in module.named_parameters():
             ExternalTensorTrait(scope, name).set(param)
-    # The caches are non-persistent buffers: tag them so the importer emits a global without
-    # reading their (meta) data; _finish_globals then gives them a zero initializer.
-    ExternalTensorTrait(_STATE_SCOPE, "target.kv_cache").set(pair.target.kv_cache)
-    ExternalTensorTrait(_STATE_SCOPE, "drafter.ctx_cache").set(pair.drafter.ctx_cache)
+    # The caches (and a hybrid's state slots) are non-persistent buffers: tag them so the importer
+    # emits a global without reading their (meta) data; _finish_globals then gives them zeros.
+    for name, buf in state_globals(pair).items():
+        ExternalTensorTrait(_STATE_SCOPE, name).set(buf)
 
     dims = {name: torch.export.Dim(name, min=d["min"], max=d["max"]) for name, d in shapes.dims.items()}
     entries = [e for e in entry_points(shapes, sampled) if only is None or e.name in only]
@@ -178,7 +197,9 @@ def _finish_globals(module_op) -> None:
             if f'"{_STATE_SCOPE}"::' not in str(op.attributes["initial_value"]):
                 continue
             ty = ir.TypeAttr(op.attributes["type"]).value
-            zero = ir.FloatAttr.get(ir.RankedTensorType(ty).element_type, 0.0)
+            element = ir.RankedTensorType(ty).element_type
+            zero = (ir.IntegerAttr.get(element, 0) if isinstance(element, ir.IntegerType)
+                    else ir.FloatAttr.get(element, 0.0))
             op.attributes["initial_value"] = ir.DenseElementsAttr.get_splat(ty, zero)
 
         def walk(op):

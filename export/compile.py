@@ -37,7 +37,7 @@ from dflash_iree.checkpoint import sha256_file
 from dflash_iree.config import DrafterConfig, TargetConfig, config_hash, load_drafter_config, load_target_config
 from dflash_iree.errors import DFlashError
 from dflash_iree.guard import DFlashWarning
-from dflash_iree.export import out_folder
+from dflash_iree.export import hybrid, out_folder
 from dflash_iree.export.iree_tool import iree_compile_tool, run_iree_compile, scheduling_stats
 from dflash_iree.export.splice import splice_file
 from dflash_iree.manifest import COMPUTE_DTYPES, FORMAT_VERSION, KV_PAGE, MANIFEST_FILE, MODULE_FILE, Manifest  # noqa: F401
@@ -62,6 +62,7 @@ class Plan:
     sampled: bool = True
     draft_top_k: int = DEFAULT_DRAFT_TOP_K
     attention: str = "fused"  # the arch's attention form (Arch.attention)
+    prefill_chunk: int = 0  # prefill's static rows (a hybrid target, export/hybrid.py); 0: dynamic
     entries: list = field(default_factory=list)  # filled by export_mlir
     parameters: dict = field(default_factory=dict)  # scope -> key -> {shape, dtype}
     state: dict = field(default_factory=dict)  # module-initialized globals (the caches)
@@ -89,15 +90,12 @@ def plan(target_dir: str | Path, drafter_dir: str | Path, block_size: int | None
 
     Raises:
         DFlashError: a missing config, an unsupported family, a drafter that does not fit the
-            target, block_size / max_context / dtype / streams / draft_top_k out of range, a 4-bit
-            checkpoint or bits option (not compiled yet).
+            target, block_size / max_context / dtype / streams (a hybrid target: above 1) / draft_top_k
+            out of range, a 4-bit checkpoint or bits option (not compiled yet).
     """
     from dflash_iree.kernels.topk import MAX_K
 
     tcfg = load_target_config(target_dir)
-    if getattr(tcfg, "family", "qwen3") != "qwen3":
-        raise DFlashError(f"{target_dir}/config.json: compiling {tcfg.family} (Qwen3.5-family hybrid) targets is not "
-                          "implemented yet; they run eagerly (dflash_iree.export.load.load_target); compile a Qwen3 target")
     dcfg = load_drafter_config(drafter_dir, tcfg)
     _refuse_4bit(tcfg, dcfg, target_bits, drafter_bits)
     block = dcfg.block(block_size, "--block-size")
@@ -117,11 +115,14 @@ def plan(target_dir: str | Path, drafter_dir: str | Path, block_size: int | None
     if not 1 <= streams <= MAX_STREAMS:
         raise DFlashError(f"--streams {streams} is out of range: use 1..{MAX_STREAMS} (the requests served in one "
                           "round; every KV cache holds one slot per stream)")
+    if hybrid.is_hybrid(tcfg):
+        hybrid.check_plan(tcfg, target_dir, streams)
     most = min(MAX_K, tcfg.vocab_size)
     if not 0 <= draft_top_k <= most:
         raise DFlashError(f"--draft-top-k {draft_top_k} is out of range: use 1..{most} (the top-K kernel's limit, "
                           "and at most the vocabulary), or 0 for no draft_topk entry point")
-    return Plan(tcfg, dcfg, block, max_context, dtype, streams, sampled, draft_top_k, attention)
+    return Plan(tcfg, dcfg, block, max_context, dtype, streams, sampled, draft_top_k, attention,
+                prefill_chunk=hybrid.prefill_chunk(tcfg))
 
 
 def _refuse_4bit(tcfg: TargetConfig, dcfg: DrafterConfig, target_bits, drafter_bits) -> None:
@@ -170,7 +171,7 @@ def _describe(p: Plan, pair) -> None:
     p.entries = aot.entry_points(aot.export_shapes(p), p.sampled)
     p.parameters = aot.parameter_table(pair)
     p.state = {name: {"shape": list(b.shape), "dtype": aot.DTYPE_NAMES[b.dtype], "bytes": b.numel() * b.element_size()}
-               for name, b in (("target.kv_cache", pair.target.kv_cache), ("drafter.ctx_cache", pair.drafter.ctx_cache))}
+               for name, b in aot.state_globals(pair).items()}
 
 
 def export_mlir(p: Plan, path: str | Path, log=None) -> Path:
@@ -219,7 +220,8 @@ def export_key(p: Plan) -> str:
     parts = {
         "target": {k: v for k, v in p.target.to_dict().items() if k != "folder"},
         "drafter": {k: v for k, v in p.drafter.to_dict().items() if k != "folder"},
-        "options": [p.block_size, p.max_context, p.dtype, p.streams, p.sampled, p.draft_top_k, p.attention],
+        "options": [p.block_size, p.max_context, p.dtype, p.streams, p.sampled, p.draft_top_k, p.attention,
+                    p.prefill_chunk],
         "versions": [_version(d) for d in ("torch", "iree-turbine", "iree-base-compiler")],
         "sources": [hashlib.sha256(f.read_bytes()).hexdigest() for f in sources],
     }
@@ -302,8 +304,7 @@ def manifest(p: Plan, arch: Arch, flags: list[str], stats: dict, files: dict, re
         shapes=shapes_dict(shapes),
         entry_points=[e.to_dict() for e in p.entries],
         parameters=p.parameters,
-        state={"doc": "module-initialized mutable globals (zeros); not parameters, not in any checkpoint",
-               "globals": p.state},
+        state=hybrid.state_record(p.state, p.target, p.block_size),
         stats={**stats, "export_s": round(p.export_s, 1), "export_reused": p.export_reused,
                "compile_s": round(compile_s, 1)},
         files=files,

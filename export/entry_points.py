@@ -56,13 +56,17 @@ class ExportShapes:
     tap_width: int  # n_taps * hidden_size
     kv_page: int = KV_PAGE
     draft_top_k: int = 0  # K of the `draft_topk` entry point; 0: no such entry point
+    # prefill's static row count (a hybrid target's chunk: its DeltaNet loops unroll over the
+    # rows); 0: prefill takes the dynamic T
+    prefill_chunk: int = 0
 
     @property
     def dims(self) -> dict:
-        """Dynamic dims: name -> inclusive range and meaning."""
+        """Dynamic dims: name -> inclusive range and meaning (no T with a static `prefill_chunk`)."""
         c = self.max_context
+        prompt = {} if self.prefill_chunk else {"T": {"min": 1, "max": c, "doc": "prompt tokens in one prefill call"}}
         return {
-            "T": {"min": 1, "max": c, "doc": "prompt tokens in one prefill call"},
+            **prompt,
             "R": {"min": 1, "max": c, "doc": "context rows in one absorb call"},
             "P": {"min": 1, "max": c // self.kv_page,
                   "doc": f"cache pages attention reads: pages.shape[0] * {self.kv_page} rows, "
@@ -73,7 +77,8 @@ class ExportShapes:
 def export_shapes(plan) -> ExportShapes:
     """ExportShapes of a compile plan (export/compile.py `Plan`)."""
     return ExportShapes(plan.streams, plan.block_size, plan.max_context, plan.dtype,
-                        plan.drafter.num_taps * plan.target.hidden_size, draft_top_k=plan.draft_top_k)
+                        plan.drafter.num_taps * plan.target.hidden_size, draft_top_k=plan.draft_top_k,
+                        prefill_chunk=plan.prefill_chunk)
 
 
 
@@ -98,10 +103,13 @@ def entry_points(shapes: ExportShapes, sampled: bool = True) -> list[EntryPoint]
     chosen = lambda t: TensorSpec("chosen", (S, t), "i64")  # noqa: E731
     taps = lambda t: TensorSpec("taps", (S, t, N), dt)  # noqa: E731
     n_draft = TensorSpec("n_draft", (S,), "i64")
+    T = shapes.prefill_chunk or "T"
     steps = [  # name, inputs, outputs written into the caller's buffers, results, doc
-        ("prefill", (tokens("T"), start, pages), (chosen(1),), (taps("T"),),
+        ("prefill", (tokens(T), start, pages), (chosen(1),), (taps(T),),
          "Run the prompt (or a chunk of it) at positions [start, start+T) into the KV cache; chosen is "
-         "the target's token after the last row; taps (keep on the device) feed `absorb`."),
+         "the target's token after the last row; taps (keep on the device) feed `absorb`."
+         + (f" T is {T} rows (a hybrid target's prefill chunk); the runtime runs a prompt's remainder "
+            "through `verify`." if shapes.prefill_chunk else "")),
         ("verify", (tokens(B), start, pages), (chosen(B),), (taps(B),),
          "Run the block [anchor, drafts] at [start, start+B); chosen[:, i] is the target's token after "
          "block row i; taps (keep on the device) feed the next `draft`."),

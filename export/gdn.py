@@ -16,8 +16,8 @@ Two forms of the recurrence, one result up to float rounding:
 - `recurrent_rule`, token by token: what decode and verify run, so that the state after a token is
   the same, bit for bit, whichever call saw it (row invariance), and each row's state is at hand
   for rollback (export/recurrent_state.py);
-- `chunked_rule`, chunks of 64 with the intra-chunk triangular system solved by forward
-  substitution (exportable: no triangular solve): a long prefill's option, chosen by measurement
+- `chunked_rule`, chunks of 64 with the intra-chunk triangular system inverted by doubling
+  (exportable: no triangular solve, and log2(64) matmul steps where forward substitution unrolls 64): a long prefill's option, chosen by measurement
   (experiments/2026-12-02-gdn-forms/).
 """
 
@@ -93,10 +93,27 @@ def recurrent_rule(q, k, v, beta, g, state: torch.Tensor) -> tuple[torch.Tensor,
     return torch.stack(outs, 2), states
 
 
+def unit_lower_inverse(lower: torch.Tensor) -> torch.Tensor:
+    """(I - L)^-1 for strictly lower triangular L [..., n, n], by doubling: L is nilpotent (L^n = 0),
+    so (I - L)^-1 = I + L + ... + L^(n-1) = (I + L)(I + L^2)(I + L^4)...(I + L^(2^(k-1))) with
+    2^k >= n: 2(k - 1) matmuls, where forward substitution takes n dependent row steps (each an op
+    of its own in an unrolled static graph: 6.6k dispatches a 64-row prefill on the host). Equal to
+    forward substitution up to float rounding (about 1e-6 at n = 64 in float32)."""
+    n = lower.shape[-1]
+    eye = torch.eye(n, dtype=lower.dtype, device=lower.device)
+    out, power, span = eye + lower, lower, 2
+    while span < n:
+        power = power @ power
+        out = out @ (eye + power)
+        span *= 2
+    return out
+
+
 def chunked_rule(q, k, v, beta, g, state: torch.Tensor, chunk: int = CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
     """The rule over chunks of `chunk` tokens (`prepare`d inputs), as transformers'
-    `torch_chunk_gated_delta_rule` in its export branch (forward substitution for the unit lower
-    triangular system of each chunk, the "UT transform" of DeltaNet, arXiv:2406.06484).
+    `torch_chunk_gated_delta_rule` (the "UT transform" of DeltaNet, arXiv:2406.06484), with the unit
+    lower triangular system of each chunk inverted by doubling (`unit_lower_inverse`) where
+    transformers' export branch runs forward substitution.
 
     Returns o [S, Hv, T, dv] f32 and the state after the last token.
     """
@@ -113,12 +130,7 @@ def chunked_rule(q, k, v, beta, g, state: torch.Tensor, chunk: int = CHUNK) -> t
     pair = (decay[..., :, None] - decay[..., None, :]).masked_fill(upper, float("-inf")).exp()
     strictly_lower = upper.T
     system = -((k_beta @ k.transpose(-1, -2)) * pair).masked_fill(~strictly_lower, 0.0)
-    rows = [system[..., 0, :]]
-    for i in range(1, chunk):  # forward substitution, row by row
-        prev = torch.stack(rows, -2)  # [.., i, chunk]
-        row = system[..., i, :]
-        rows.append(row + (row[..., :i, None] * prev).sum(-2))
-    inv = torch.stack(rows, -2) + torch.eye(chunk, dtype=q.dtype, device=q.device)
+    inv = unit_lower_inverse(system)
     new_v, k_decay = inv @ v_beta, inv @ (k_beta * decay.exp()[..., None])
     intra = ((q @ k.transpose(-1, -2)) * pair).masked_fill(upper, 0.0)
     q = q * decay.exp()[..., None]

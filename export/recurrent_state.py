@@ -79,7 +79,9 @@ class RecurrentState(nn.Module):
     def commit(self, start: torch.Tensor, T: int, per_row: bool) -> None:
         """Record where the slots just written start: row 0 at `start` (per_row) or, for a call
         that kept its last state only, at start + T - 1."""
-        self.slot_start.copy_(start if per_row else start + (T - 1))
+        # always a computed value: a buffer mutated to an entry point's own argument (copy_(start))
+        # exported with no global store at all (iree-turbine 3.13), so the slots never moved
+        self.slot_start.copy_(start + (0 if per_row else T - 1))
 
     def nbytes(self) -> dict:
         """Bytes of each buffer (what the manifest records)."""

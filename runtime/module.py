@@ -6,7 +6,8 @@ and `draft_topk` (also `draft_topk_sampled`) when the artifacts were compiled wi
 `--draft-top-k K` (K >= 1). Every call passes `pages`, an int8 vector whose length bounds the KV cache rows that attention reads
 (`kv_page` rows a page), so a step's cost follows the context length, not `max_context`. Taps stay
 on the device: `prefill` and `verify` return them as device arrays and `absorb` / `draft` take
-them back.
+them back. A hybrid target's `prefill` takes a static chunk (the manifest's `shapes.prefill_chunk`):
+`CompiledPair.prefill` then runs the prompt in pieces (export/hybrid.py).
 
 Host transfer contract: everything the host reads, a call writes into pinned host buffers the
 runtime passes as its last arguments (the manifest's `writes`), and the host reads them through
@@ -18,7 +19,7 @@ Never logits, taps or caches (tests/test_runtime.py checks the count).
 
 Host-side cost of a call (docs/architecture.md, "Host time of a step"): arguments are written into
 pinned host buffers the device reads directly, and outputs are written by the call into pinned
-buffers the host reads in place, both reused from call to call (`Staging`), instead of iree.runtime's
+buffers the host reads in place, both reused from call to call (`Staging`, runtime/staging.py), instead of iree.runtime's
 default of a new device buffer and a synchronous upload per argument, and of a queued copy the host
 waits for per result (docs/architecture.md, "Results written into the caller's buffers"). Plain
 decoding also runs one step ahead of the host (`decode_ahead`): each step's `$async` entry point is
@@ -36,70 +37,7 @@ from dflash_iree.errors import DFlashError
 from dflash_iree.generation import draft_seed
 from dflash_iree.manifest import numpy_dtype
 
-
-class Staging:
-    """Pinned host buffers (HOST_LOCAL | DEVICE_VISIBLE) for one device: arguments the device reads
-    in place and outputs it writes in place, reused from call to call.
-
-    An argument buffer is rewritten `DEPTH` arguments of its shape and dtype later. A call's
-    arguments must stay intact while it may run: at most two of this runtime's calls are ever in
-    flight (`decode_ahead` queues one step ahead; every other call returns when its work is done)
-    and a call passes at most three arguments of one shape (`draft`: three int64 [1]), so 8 slots
-    keep every argument that may still be read.
-    """
-
-    DEPTH = 8
-
-    def __init__(self, device):
-        import iree.runtime as rt
-
-        self.device, self._rt = device, rt
-        self._memory = int(rt.MemoryType.HOST_LOCAL | rt.MemoryType.DEVICE_VISIBLE)
-        self._args: dict[tuple, list] = {}  # (shape, dtype) -> [buffer views, next slot]
-        self._outs: dict[tuple, object] = {}  # (shape, dtype, slot) -> pinned buffer calls write into
-
-    def arg(self, array: np.ndarray, constant: bool = False):
-        """`array` (any numpy array; copied) in a pinned buffer, as an iree.runtime DeviceArray of the
-        same shape and dtype to pass to a function. `constant`: a buffer of its own, never reused
-        (for values that stay the same, like `pages` and the sampling parameters)."""
-        rt = self._rt
-        array = np.ascontiguousarray(array)
-        key = (array.shape, array.dtype.str)
-        ring = None if constant else self._args.setdefault(key, [[], 0])
-        if ring is None or len(ring[0]) < self.DEPTH:
-            usage = int(rt.BufferUsage.DEFAULT | rt.BufferUsage.MAPPING)
-            view = self.device.allocator.allocate_buffer_copy(memory_type=self._memory, allowed_usage=usage,
-                                                              device=self.device, buffer=array,
-                                                              element_type=rt.array_interop.map_dtype_to_element_type(array.dtype))
-            if ring is not None:
-                ring[0].append(view)
-        else:
-            view = ring[0][ring[1] % self.DEPTH]
-            ring[1] += 1
-            mapped = view.map()
-            mapped.asarray(array.shape, array.dtype)[...] = array
-            del mapped
-        return rt.DeviceArray(self.device, view, override_dtype=array.dtype)
-
-    def out(self, shape: tuple, dtype, slot: int = 0):
-        """Pinned buffer `slot` of `shape` and `dtype` for a call to write an output into (an argument
-        in the manifest's `writes`), kept and reused; `value` reads it once the call is done. Entry
-        points with outputs of one shape share it (prefill and decode, draft and draft_topk): safe
-        because every call but `decode_ahead`'s steps returns when done, `value` copies, and
-        `decode_ahead` runs alone, alternating two slots."""
-        key = (tuple(shape), np.dtype(dtype).str, slot)
-        if key not in self._outs:
-            self._outs[key] = self.arg(np.zeros(shape, dtype), constant=True)
-        return self._outs[key]
-
-    @staticmethod
-    def value(array) -> np.ndarray:
-        """The contents of a pinned buffer (`out`, `arg`) as a new numpy array of its shape and dtype,
-        read in place: for one a call writes, once the call is done."""
-        mapped = array._buffer_view.get_buffer().map()
-        out = np.array(mapped.asarray(tuple(array.shape), array.dtype))
-        del mapped
-        return out
+from .staging import Staging
 
 
 class EntryCall:
@@ -165,11 +103,14 @@ class CompiledPair:
         context, vm_module: the iree.runtime VmContext and VmModule behind `functions`, for the
             `$async` entry points of `decode_ahead` (None: `decode_ahead` decodes synchronously).
         top_k: the manifest's `draft_top_k`, K of `draft_topk` (0: none).
+        prefill_chunk: the manifest's `shapes.prefill_chunk`: `prefill`'s static rows (a hybrid
+            target, export/hybrid.py); 0: prefill takes the whole prompt.
     """
 
     def __init__(self, device, functions: dict, block_size: int, kv_page: int, tap_width: int, tap_dtype,
-                 context=None, vm_module=None, top_k: int = 0):
+                 context=None, vm_module=None, top_k: int = 0, prefill_chunk: int = 0):
         self.device, self.fn, self.top_k = device, functions, top_k
+        self.prefill_chunk = prefill_chunk
         self._context, self._vm_module = context, vm_module
         self.block_size, self.kv_page = block_size, kv_page
         self._zero_taps = np.zeros((1, block_size, tap_width), tap_dtype)
@@ -232,10 +173,29 @@ class CompiledPair:
         return self.fn[name + self._suffix](*args, *self._sampling, *writes)
 
     def prefill(self, ids: list[int]):
-        """Run the prompt from position 0. Returns (first new token, taps device array [1, P, N])."""
+        """Run the prompt from position 0. Returns (first new token, the prompt's taps for `absorb`:
+        a device array [1, P, N], or with a static `prefill_chunk` a list of (taps, start) pieces)."""
+        if self.prefill_chunk:
+            return self._prefill_pieces(ids)
         chosen = self._out(1, 1)
         taps = self._target("prefill", ids, 0, writes=(chosen,))
         return int(self._read(chosen)[0, -1]), taps
+
+    def _prefill_pieces(self, ids: list[int]):
+        """A hybrid target's prefill (export/hybrid.py): the whole chunks of `prefill_chunk` rows
+        through `prefill`, the rest through `verify` in blocks of block_size, the last one padded;
+        its padding rows are rolled back as rejected drafts are, by the next call's start."""
+        C, pieces, first = self.prefill_chunk, [], None
+        chosen = self._out(1, 1)
+        for start in range(0, len(ids) - C + 1, C):
+            pieces.append((self._target("prefill", ids[start:start + C], start, writes=(chosen,)), start))
+            first = chosen
+        done = len(pieces) * C
+        for start in range(done, len(ids), self.block_size):
+            tokens, taps = self.verify(ids[start:start + self.block_size], start)
+            pieces.append((taps, start))
+            first = tokens[-1]
+        return (int(self._read(first)[0, -1]) if first is chosen else first), pieces
 
     def decode(self, token: int, start: int) -> int:
         """One plain step: the token at `start`; returns the target's next token."""
@@ -350,8 +310,12 @@ class CompiledPair:
         return chosen[0]
 
     def absorb(self, taps) -> None:
-        """Project the prompt's taps (positions 0..P-1) into the drafter's context cache."""
-        self.fn["absorb"](taps, self._i64([0]))
+        """Project the prompt's taps (positions 0..P-1; `prefill`'s result) into the drafter's context
+        cache. A hybrid's pieces each go at their start; the padding rows of the last land past
+        the prompt, where the drafter does not look (it reads positions before its anchor) and the
+        next rounds overwrite them."""
+        for piece, start in taps if isinstance(taps, list) else [(taps, 0)]:
+            self.fn["absorb"](piece, self._i64([start]))
 
     def draft(self, taps, ctx_start: int, n_valid: int, anchor: int, start: int) -> list[int]:
         """Absorb the first n_valid rows of `taps` at ctx_start, then draft after `anchor`.

@@ -54,7 +54,11 @@ class StreamCalls:
 
     def prefill(self, stream: int, ids: list[int], sampling: tuple):
         """Run prompt `ids` from position 0 into slot `stream` alone (sampling: its (temperature,
-        top_k, top_p, seed)). Returns (the first new token, taps device array [1, T, N])."""
+        top_k, top_p, seed)). Returns (the first new token, taps device array [1, T, N]; a hybrid
+        target's one-stream module: CompiledPair.prefill's pieces)."""
+        if self.pair.prefill_chunk:  # a hybrid compiles with one stream (export/hybrid.py)
+            self.pair.set_sampling(*sampling)
+            return self.pair.prefill(ids)
         stage = self.pair._stage
         suffix, extra = "", ()
         if sampling[0] > 0:
@@ -70,7 +74,9 @@ class StreamCalls:
 
     def absorb(self, stream: int, taps) -> None:
         """The prompt's taps (positions 0..T-1) into slot `stream` of the drafter's context cache."""
-        if self.S > 1:
+        if isinstance(taps, list):
+            self.pair.absorb(taps)
+        elif self.S > 1:
             self.pair.fn["absorb_stream"](taps, self._i64([stream]), self._i64([0]))
         else:
             self.pair.fn["absorb"](taps, self._i64([0]))

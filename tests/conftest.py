@@ -103,3 +103,24 @@ def dflash2_sliding_dir(tiny_dir, target_dir) -> Path:
 
     return make_dflash2_drafter(tiny_dir / "drafter2-sliding", target_dir, layer_types=["sliding_attention"] * 2,
                                 sliding_window=SLIDING_WINDOW)
+
+
+@pytest.fixture(scope="session")
+def hybrid_pair(tiny_dir) -> tuple[Path, Path]:
+    """(target, drafter): a tiny float32 Qwen3.5-family hybrid (tests/tiny_qwen35.py: 3 Gated
+    DeltaNet layers, then gated attention; vocab 512) and a random DFlash drafter for it (block 8,
+    taps (1, 3), mask id 511)."""
+    from tiny_qwen35 import make_hybrid
+
+    target = make_hybrid(tiny_dir / "hybrid-target", seed=4)
+    return target, make_drafter(tiny_dir / "hybrid-drafter", target, block_size=8, taps=(1, 3), mask_token_id=511)
+
+
+@pytest.fixture(scope="session")
+def hybrid_artifacts(tmp_path_factory, hybrid_pair) -> Path:
+    """hybrid_pair compiled for the host CPU (block 8, max_context 256, float32), once per session."""
+    from dflash_iree.export.compile import Progress, compile_artifacts
+
+    out = tmp_path_factory.mktemp("compiled-hybrid") / "host"
+    compile_artifacts("host", *hybrid_pair, out, max_context=256, log=Progress(open(os.devnull, "w")))
+    return out

@@ -1,6 +1,6 @@
 """Where a user meets the Qwen3.5 family's limits on the command line: one line, exit status 2,
 nothing written. MoE (qwen3_5_moe), Qwen3-Next and a hybrid passed as the drafter (its MTP head)
-are refused; compiling a hybrid target is refused until its export lands."""
+are refused; a hybrid target compiles with one stream only (tests/test_qwen35_compile.py compiles it)."""
 
 from __future__ import annotations
 
@@ -44,6 +44,7 @@ def test_compile_refuses_a_hybrid_as_the_drafter(capsys, tmp_path, target_dir, h
              "not a DFlash drafter .*MTP head is not supported as a drafter")
 
 
-def test_compile_of_a_hybrid_target_is_refused_for_now(capsys, tmp_path, hybrid_dir, drafter_dir):
-    _refused(capsys, ["--target", str(hybrid_dir), "--drafter", str(drafter_dir)], tmp_path / "o",
-             "compiling qwen3_5 .* is not implemented yet")
+def test_compile_of_a_hybrid_refuses_several_streams(capsys, tmp_path, hybrid_pair):
+    target, drafter = hybrid_pair
+    _refused(capsys, ["--target", str(target), "--drafter", str(drafter), "--streams", "2"], tmp_path / "o",
+             r"--streams 2: .* compiles with one stream so far .*use --streams 1")
