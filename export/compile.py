@@ -194,7 +194,8 @@ def export_mlir(p: Plan, path: str | Path, log=None) -> Path:
 
 # What the export reads besides torch and the configs (keys of the export cache): export/ files, and
 # the shared modules whose values it bakes in (shapes and page size, dtype names, config parsing).
-_EXPORT_SOURCES = ("aot.py", "entry_points.py", "qwen3.py", "dflash.py", "sampling.py", "ops.py", "mlir.py")
+_EXPORT_SOURCES = ("aot.py", "entry_points.py", "stream_entry_points.py", "depth_entry_points.py", "qwen3.py",
+                   "dflash.py", "sampling.py", "ops.py", "mlir.py")
 _SHARED_SOURCES = ("config", "manifest")  # dflash_iree modules
 
 
