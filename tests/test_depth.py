@@ -218,3 +218,17 @@ def test_calibrate_refuses_a_one_stream_module(host_artifacts):
     done = _cli("calibrate", "--artifacts", str(host_artifacts), "--repeats", "1")
     assert done.returncode == 2 and "Traceback" not in done.stderr and "--streams 2 or more" in done.stderr
     assert sorted(p.name for p in host_artifacts.iterdir()) == before
+
+
+def test_bench_parallel_reports_the_rule_on_and_off(calibrated, tmp_path):
+    """With a cost file, `bench --parallel` runs plain, dflash (the rule on) and full (the rule off),
+    all with the same tokens, and says how many rounds the rule gave each row count."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p, _, _ in REQUESTS[:4]))
+    done = _cli("bench", "--artifacts", str(calibrated), "--prompts", str(prompts), "--max-new-tokens", "12", "--quiet",
+                "--parallel", "4", "--json", str(tmp_path / "r.json"))
+    assert done.returncode == 0, done.stderr
+    r = json.loads((tmp_path / "r.json").read_text())
+    level = r["levels"]["4"]
+    assert r["depth_rule"] and r["same_tokens"] and set(level) >= {"plain", "dflash", "full", "full_speedup"}
+    assert sum(level["dflash"]["round_rows"].values()) > 0 and "depth rule: on" in done.stdout
