@@ -19,11 +19,12 @@ section 3.1, with the per-position probabilities of the drafter's own top-1 in p
 Rows are shared: in a round of R rows every stream verifies min(R - 1, its drafts), since more rows
 of one stream cost nothing once R is paid; a stream of unlikely drafts lowers R only through its
 share of the sum. After a plain step no stream has a draft (the drafter drafts in the round), so the
-rule waits a number of plain steps that doubles each time a probe (a round of the fewest rows,
-anchors only, which drafts the next block) again chooses plain, up to MAX_WAIT.
+rule waits 1, 2, 4 ... (at most MAX_WAIT) more plain steps, doubling each time a probe (a round of
+the fewest rows, anchors only, which drafts the next block) again chooses plain.
 
 The depth never changes the output: the verified rows are the target's own tokens however many
-there are (tests/test_depth.py forces every depth against full depth and plain decoding).
+there are (tests/test_depth.py forces every depth against full depth and plain decoding). In float32
+token for token; in bf16 each row count is a graph of its own (docs/architecture.md).
 """
 
 from __future__ import annotations
