@@ -11,9 +11,10 @@ is always B - 1 tokens, whatever R verified. A module of one stream has none of 
 signatures and records are those of before.
 
 Why {B, B/2, 2}: B keeps a confident round as it was; 2 (the anchor and one draft) is the cheapest
-round that still drafts; B/2 sits where the demo pair's τ mostly lies (3..6 at B = 16). Each R is
-one more pair of target + drafter functions to compile, so three rows keep compile time within
-about 1.5x of a module without them (the measured cost curve: experiments/2026-12-02-draft-depth/).
+round that still drafts; B/2 sits near the demo pair's mean τ (2.8 at B = 8). Each R is one more
+pair of target + drafter functions to compile (the tiny S = 4 host export traced its six in 78 s of
+212 s on busy cores), so three rows, not every R (the measured cost curve:
+experiments/2026-12-02-draft-depth/).
 """
 
 from __future__ import annotations
