@@ -61,7 +61,7 @@ def measure(folder: str | Path, device: str | None = None, repeats: int = DEFAUL
     if not rows:
         raise DFlashError(f"{folder} has no verify_rows entry points (a module of {m.streams} stream): the draft depth "
                           "of shared rounds needs artifacts compiled with --streams 2 or more")
-    repeats = validate.count(repeats, "repeats", "timed calls of each kind")
+    repeats = validate.count(repeats, "--repeats", "timed calls of each kind")
     S, B = int(m.streams), int(m.block_size)
     room = int(m.max_context) - B - 1
     context = min(DEFAULT_CONTEXT, room) if context is None else context
