@@ -124,6 +124,14 @@ def cmd_compile(args) -> int:
     return 0
 
 
+def cmd_calibrate(args) -> int:
+    """Measure the round costs of a module of several streams into its folder (runtime/calibrate.py)."""
+    from dflash_iree.runtime.calibrate import calibrate
+
+    calibrate(args.artifacts, args.device, args.repeats, args.context)
+    return 0
+
+
 def cmd_serve(args) -> int:
     """The OpenAI-compatible server (runtime/server.py) until SIGTERM or Ctrl-C."""
     from dflash_iree.runtime.server import serve
@@ -283,7 +291,7 @@ def cmd_demo(args) -> int:
 
 
 COMMANDS = {"generate": cmd_generate, "bench": cmd_bench, "demo": cmd_demo, "serve": cmd_serve, "eager": cmd_eager,
-            "compile": cmd_compile, "topk-check": cmd_topk_check}
+            "compile": cmd_compile, "topk-check": cmd_topk_check, "calibrate": cmd_calibrate}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -156,6 +156,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="export afresh and keep no copy (default: reuse an identical export from ~/.cache/dflash-iree, "
                         "or $DFLASH_IREE_CACHE)")
 
+    k = sub.add_parser("calibrate", help="measure a shared round's cost per verified rows into DIR/depth_cost.json "
+                       "(the draft depth rule of a module of several streams)")
+    k.add_argument("--artifacts", default="compiled/host", help="folder written by dflash-iree compile --streams N "
+                   "(N >= 2); the cost file and the manifest's files are updated in place")
+    k.add_argument("--device", help="IREE device: local-task, cuda, cuda://1, hip (default: the arch's)")
+    k.add_argument("--repeats", type=int, default=20, help="timed calls of each round kind (default %(default)s)")
+    k.add_argument("--context", type=int, help="cached rows the rounds run at (default 128, or what max_context leaves)")
+
     from dflash_iree.kernels.topk.check import add_arguments as topk_check_arguments
 
     t = sub.add_parser("topk-check", help="build, run and score the draft top-K dispatch's parity cases")

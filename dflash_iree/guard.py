@@ -31,7 +31,7 @@ from pathlib import Path
 from .checkpoint import sha256_file
 from .config import load_drafter_config, load_target_config
 from .errors import DFlashError
-from .manifest import DTYPES, FORMAT_VERSION, MANIFEST_FILE, Manifest
+from .manifest import DEPTH_COST_FILE, DTYPES, FORMAT_VERSION, MANIFEST_FILE, Manifest
 
 # The fields without which a format-2 manifest is not ours at all (read before anything else): one
 # missing means the file was changed. A subset of Manifest's fields on purpose, not all of them:
@@ -106,18 +106,21 @@ def check_files(folder: Path, manifest: dict) -> None:
     sizes = {manifest["module"]: (manifest.get("stats") or {}).get("module_bytes")}
     for name, digest in files.items():
         f = folder / name
+        # the cost file is measured, not compiled: its fix is calibrate's (runtime/depth.py)
+        fix = f"measure it again: dflash-iree calibrate --artifacts {folder}" if name == DEPTH_COST_FILE else \
+            "recompile the artifacts"
         if not f.is_file():
-            raise DFlashError(f"{f} is missing (listed in {path}); recompile the artifacts")
+            raise DFlashError(f"{f} is missing (listed in {path}); {fix}")
         size, want = f.stat().st_size, sizes.get(name)
         if want is not None and size != want:
-            raise DFlashError(f"{f} is {size} bytes, {path} records {want}: the file was cut off or changed; "
-                              "recompile the artifacts")
+            raise DFlashError(f"{f} is {size} bytes, {path} records {want}: the file was cut off or changed; {fix}")
         try:
             same = sha256_file(f) == digest
         except OSError as e:
             raise DFlashError(f"{f}: cannot read it ({e.strerror}); check its permissions") from None
         if not same:
-            raise DFlashError(f"{f}: sha256 differs from {path}; the file was changed or half written, recompile")
+            raise DFlashError(f"{f}: sha256 differs from {path}; the file was changed or half written, "
+                              + ("recompile" if name != DEPTH_COST_FILE else fix))
 
 
 def _differences(scope: str, fields, recorded: dict, found: dict, folder: Path) -> list[str]:

@@ -25,6 +25,22 @@ MANIFEST_FILE = "manifest.json"
 MODULE_FILE = "dflash.vmfb"
 KV_PAGE = 32  # KV cache rows per page; an attention reads pages.shape[0] * KV_PAGE rows
 DRIVERS = ("local-task", "cuda", "hip")
+DEPTH_COST_FILE = "depth_cost.json"  # `dflash-iree calibrate`'s cost of a round per verified rows (runtime/depth.py)
+VERIFY_ROWS = "verify_rows"  # prefix of the rounds of fewer rows (export/depth_entry_points.py)
+
+
+def depth_rows(block_size: int) -> list[int]:
+    """The verified row counts a module of several streams compiles for block `block_size` (>= 2),
+    ascending: {2, B/2, B} (why: export/depth_entry_points.py)."""
+    return sorted({2, max(2, block_size // 2), block_size})
+
+
+def rows_of(name: str) -> int | None:
+    """R of a `verify_rows{R}` / `verify_rows{R}_sampled` entry-point name; None for any other name."""
+    if not name.startswith(VERIFY_ROWS):
+        return None
+    digits = name[len(VERIFY_ROWS):].removesuffix("_sampled")
+    return int(digits) if digits.isdigit() else None
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,8 @@ the drafter uses too) are bound once. What the module looks like from outside:
   lowers per arch to the kernels of kernels/ or to IREE's own ops.
 - The leading dim S of every argument is the stream count (`--streams`): each stream its own
   `start`, sampling parameters and `n_draft`; a module of S > 1 streams also has a per-stream
-  prefill and absorb (export/stream_entry_points.py), so that a request joins without touching the others.
+  prefill and absorb (export/stream_entry_points.py), so that a request joins without touching the others,
+  and verify rounds of fewer rows with the draft's confidence (export/depth_entry_points.py).
 
 The functions themselves, each one's signature and body, are in export/entry_points.py. The model
 is built on the meta device, so exporting the 8B shapes allocates no weights.
@@ -55,6 +56,7 @@ from .qwen3 import Qwen3
 from .qwen35 import Qwen35
 from .entry_points import BODIES, EntryPoint, ExportShapes, TensorSpec, entry_points, export_shapes  # noqa: F401
 from .mlir import strip_locations
+from .depth_entry_points import depth_body
 from .stream_entry_points import STREAM_BODIES
 
 TARGET_SCOPE = "target"
@@ -171,7 +173,8 @@ def export_module(pair: Pair, shapes: ExportShapes, sampled: bool = True, log=No
         table[torch.ops.aten.linear.default] = _linear_2d
         for entry in entries:
             examples = [_example(a, dims) for a in entry.args]
-            fxb.export_program({**BODIES, **STREAM_BODIES}[entry.name], name=entry.name, args=tuple(e for e, _ in examples),
+            body = BODIES.get(entry.name) or STREAM_BODIES.get(entry.name) or depth_body(entry.name)
+            fxb.export_program(body, name=entry.name, args=tuple(e for e, _ in examples),
                                dynamic_shapes=tuple(d for _, d in examples), strict=False)
             log(f"export: traced {entry.name}")
     output = aot.export(fxb, module_name="dflash", import_symbolic_shape_expressions=True)

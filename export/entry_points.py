@@ -92,7 +92,8 @@ def entry_points(shapes: ExportShapes, sampled: bool = True) -> list[EntryPoint]
     comes as `draft_sampled` too, which drafts with the target's keyed noise (coupled drafting), as
     `verify_draft_sampled` drafts its next block. With `shapes.draft_top_k` K > 0, `draft_topk`
     (and `draft_topk_sampled`) follows: the same draft, plus its top-K. With S > 1 streams, the
-    per-stream prefill and absorb of export/stream_entry_points.py come last.
+    per-stream prefill and absorb of export/stream_entry_points.py come last, then the rounds of
+    fewer rows of export/depth_entry_points.py.
     """
     S, B, N, dt = shapes.streams, shapes.block_size, shapes.tap_width, shapes.dtype
     tokens = lambda t: TensorSpec("tokens", (S, t), "i64")  # noqa: E731
@@ -154,9 +155,10 @@ def entry_points(shapes: ExportShapes, sampled: bool = True) -> list[EntryPoint]
                 f"`draft{suffix}`." + top_doc + (" temperature is the request's." if extra else
                                                  " temperature > 0; 1 gives the drafter's own distribution."),
                 tuple(t.name for t in top)))
-    from .stream_entry_points import stream_entry_points  # here: it builds on this file's types
+    from .depth_entry_points import depth_entry_points  # here: they build on this file's types
+    from .stream_entry_points import stream_entry_points
 
-    return out + stream_entry_points(shapes, sampled)
+    return out + stream_entry_points(shapes, sampled) + depth_entry_points(shapes, sampled)
 
 
 def _read_len(pages: torch.Tensor) -> int:

@@ -36,8 +36,9 @@ class Artifacts:
     manifest: Manifest
 
     @classmethod
-    def load(cls, folder: str | Path) -> "Artifacts":
-        """Read and check `folder/manifest.json` and the files it lists.
+    def load(cls, folder: str | Path, unchecked: tuple[str, ...] = ()) -> "Artifacts":
+        """Read and check `folder/manifest.json` and the files it lists (but `unchecked`: calibrate
+        replaces the cost file, whatever state it is in).
 
         Raises:
             DFlashError: a missing folder or manifest, a cut-off or non-JSON one (guard.read_manifest),
@@ -48,7 +49,8 @@ class Artifacts:
         path = folder / MANIFEST_FILE
         data = guard.read_manifest(folder)  # whole, JSON, an object (a cut-off file is named)
         manifest = Manifest.from_json(data, path)
-        guard.check_files(folder, data)
+        guard.check_files(folder, {**data, "files": {k: v for k, v in data["files"].items() if k not in unchecked}}
+                          if unchecked and isinstance(data.get("files"), dict) else data)
         return cls(folder, manifest)
 
     @property

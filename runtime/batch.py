@@ -17,6 +17,11 @@ and any other of no drafts is not counted in `accepted` (τ is over drafted roun
 (dflash_iree/acceptance.py, or the `accept` seam) decides what is committed; where it keeps another
 count than the device, that stream's next round has no drafts (the device's draft followed other rows).
 
+On a module of several streams with a cost file (depth_cost.json, `dflash-iree calibrate`), the
+draft depth rule (runtime/depth.py) picks each drafted round's rows: one `verify_rows{R}` call, each
+stream verifying min(R - 1, its drafts), or a plain step of every stream that keeps the drafter's
+context (StreamCalls.plain_step); without the file every drafted round is `verify_draft`.
+
 One thread only: the server calls it from its worker thread.
 """
 
@@ -33,6 +38,7 @@ from dflash_iree.errors import DFlashError
 from dflash_iree.generation import GenerationResult
 
 from . import decode
+from .depth import FALLBACK, RoundPlan, StreamView, rule_for
 from .engine import Engine
 from .options import GenerateOptions
 from .request import Request
@@ -71,6 +77,7 @@ class _Stream:
     sent: int = 0
     cancelled: bool = False
     draft_ready: bool = False  # req.next_draft holds the device's draft for this stream's next round
+    confidence: list[float] | None = None  # the drafter's top-1 log-probs of that draft (depth rule rounds)
 
 
 class BatchEngine:
@@ -80,10 +87,20 @@ class BatchEngine:
         engine: a loaded Engine (`Engine.load`); its module's manifest `streams` is the capacity.
             Its seams' `accept` rule and `proposer` (a scripted drafter, tests) are used; the other
             seams are the one-stream loop's and are ignored here.
+        depth: the draft depth rule (runtime/depth.py): "auto", the artifacts' own (`rule_for`: off
+            for a module without `verify_rows` or without depth_cost.json); None, off (every round
+            verifies the whole block); or a rule object with `plan(views, round_index)` and `rows`
+            (tests: `ForcedDepth`).
+
+    Raises:
+        DFlashError: "auto" with a corrupt depth_cost.json (runtime/depth.py CostModel.load).
     """
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, depth="auto"):
         self.engine = engine
+        self.depth = rule_for(engine) if depth == "auto" else depth
+        self.rounds = 0
+        self.round_rows: dict = {}  # R or "plain" -> rounds the depth rule planned so
         self.capacity = int(engine.artifacts.manifest.streams)
         self.calls = StreamCalls(engine.module, self.capacity)
         self.block_size = engine.block_size
@@ -223,39 +240,77 @@ class BatchEngine:
         slots = self._slots
         starts = self._round_starts(slots)
         sampling = [GREEDY if s is None or s.req.done else self._sampling(s.req) for s in slots]
+        self.rounds += 1
+        anchors = [0 if s is None or s.req.done else s.req.tokens[-1] for s in slots]
         if not any(s.req.speculative or s.req.options.exact for s in running):
-            anchors = [0 if s is None or s.req.done else s.req.tokens[-1] for s in slots]
             chosen = self.calls.decode(anchors, starts, sampling)
             for s in running:
                 self._commit_plain(s.req, chosen[s.slot])
             return
-        B = self.block_size
+        ready = {s.slot: self._ready_drafts(s) for s in running}
+        plan = self._plan(running, ready)
+        if plan is not None and plan.rows is FALLBACK:
+            chosen = self.calls.plain_step(anchors, starts, sampling)
+            for s in running:
+                self._commit_plain(s.req, chosen[s.slot])
+                s.draft_ready, s.confidence = False, None
+            return
+        R = self.block_size if plan is None else plan.rows
         blocks, n_draft = [], []
-        for s in slots:
-            drafts = self._drafts(s.req) if s is not None and not s.req.done and s.req.speculative \
-                and (s.draft_ready or self.engine.seams.proposer is not None) else []
-            anchor = 0 if s is None or s.req.done else s.req.tokens[-1]
-            block = [anchor] + [int(t) for t in drafts]
-            blocks.append(block + [block[-1]] * (B - len(block)))
+        for i, s in enumerate(slots):
+            drafts = ready.get(i, [])
+            if plan is not None:
+                drafts = drafts[:plan.depth.get(i, 0)]
+            block = [anchors[i]] + [int(t) for t in drafts]
+            blocks.append(block + [block[-1]] * (R - len(block)))
             n_draft.append(len(drafts))
-        chosen, drafts, rows = self.calls.verify_draft(blocks, starts, n_draft, sampling)
+        if plan is None:
+            (chosen, drafts, rows), confidence = self.calls.verify_draft(blocks, starts, n_draft, sampling), None
+        else:
+            chosen, drafts, rows, confidence = self.calls.verify_rows(R, blocks, starts, n_draft, sampling)
         accept = self.engine.seams.accept
         for s in running:
             req, i, n = s.req, s.slot, n_draft[s.slot]
             if not req.speculative:
                 self._commit_plain(req, int(chosen[i, 0]))
                 continue
-            row = [int(t) for t in chosen[i, :n + 1]]
-            draft_ids = blocks[i][1:n + 1]
-            kept = accept(draft_ids, row) if n else accept_length([], row)
+            draft_ids, row = self._verified(blocks[i], n, [int(t) for t in chosen[i, :n + 1]], ready[i])
+            kept = accept(draft_ids, row) if draft_ids else accept_length([], row)
             req.next_draft, req.device_rows = [int(t) for t in drafts[i]], int(rows[i])
             redrafts = req.redrafts
             decode.commit(req, draft_ids, row, kept, starts[i])
             s.draft_ready = req.next_draft is not None
+            s.confidence = None if confidence is None else [float(x) for x in confidence[i]]
             if not n:  # no drafts: a round of plain verify, not counted in τ
                 req.accepted.pop()
                 req.redrafts = redrafts
             decode.check_stop_strings(req)
+
+    def _ready_drafts(self, s: _Stream) -> list[int]:
+        """The drafts stream s may verify this round (none for a plain stream or one without a draft)."""
+        if s.req.speculative and (s.draft_ready or self.engine.seams.proposer is not None):
+            return [int(t) for t in self._drafts(s.req)]
+        return []
+
+    def _plan(self, running: list[_Stream], ready: dict[int, list[int]]) -> RoundPlan | None:
+        """The depth rule's plan for this round; None when the rule is off (every round verifies the
+        whole block through `verify_draft`). A stream asking for `exact` keeps the verify graph: a
+        plain step becomes a round of anchors alone."""
+        if self.depth is None:
+            return None
+        views = [StreamView(s.slot, len(ready[s.slot]), s.confidence) for s in running]
+        plan = self.depth.plan(views, self.rounds)
+        if plan.rows is FALLBACK and any(s.req.options.exact for s in running):
+            plan = RoundPlan(self.depth.rows[0], {s.slot: 0 for s in running})
+        key = "plain" if plan.rows is FALLBACK else plan.rows
+        self.round_rows[key] = self.round_rows.get(key, 0) + 1
+        return plan
+
+    @staticmethod
+    def _verified(block: list[int], n: int, row: list[int], ready: list[int]) -> tuple[list[int], list[int]]:
+        """(the drafts verified, the target's tokens after the anchor and each of them): what the
+        acceptance rule compares. (tests/test_depth.py plants a variant that trusts drafts past them.)"""
+        return block[1:n + 1], row
 
     def _drafts(self, req: Request) -> list[int]:
         """This round's drafts of a drafted stream: the device's from its last round, or the proposer

@@ -103,3 +103,32 @@ class StreamCalls:
                                               self.pair._pages(max(starts) + B), *extra, packed)
         row = self.pair._read(packed)
         return row[:, :B], row[:, B:2 * B - 1], row[:, 2 * B - 1]
+
+    def verify_rows(self, R: int, blocks: list[list[int]], starts: list[int], n_draft: list[int], sampling: list[tuple]):
+        """`verify_draft` over R rows (`verify_rows{R}`; blocks[s]: R ids, n_draft[s] <= R - 1), which also
+        writes the next draft's confidence.
+
+        Returns:
+            (chosen int64 [S, R], next drafts int64 [S, B - 1], the device's accepted rows [S], the
+            drafter's top-1 log-probs float32 [S, B - 1] at the next draft's positions).
+        """
+        suffix, extra = self.sampling(sampling)
+        B = self.B
+        packed = self.pair._out(self.S, R + B)
+        confidence = self.pair._out(self.S, B - 1, dtype=np.float32)
+        self.pair.fn[f"verify_rows{R}" + suffix](self._i64(blocks), self._i64(starts), self._i64(n_draft),
+                                                 self.pair._pages(max(starts) + R), *extra, packed, confidence)
+        row = self.pair._read(packed)
+        return row[:, :R], row[:, R:R + B - 1], row[:, R + B - 1], self.pair._read(confidence)
+
+    def plain_step(self, anchors: list[int], starts: list[int], sampling: list[tuple]) -> list[int]:
+        """One plain step of every stream that keeps the drafter's context: `prefill` of one row per
+        stream (anchors[s] at starts[s]), then `absorb` of its taps, so that a later drafted round
+        finds every committed position in the context cache (`decode` returns no taps)."""
+        suffix, extra = self.sampling(sampling)
+        chosen = self.pair._out(self.S, 1)
+        starts_arg = self._i64(starts)
+        taps = self.pair.fn["prefill" + suffix](self._i64([[a] for a in anchors]), starts_arg,
+                                                self.pair._pages(max(starts) + 1), *extra, chosen)
+        self.pair.fn["absorb"](taps, starts_arg)
+        return [int(t) for t in self.pair._read(chosen)[:, 0]]
