@@ -7,7 +7,7 @@ set -euo pipefail
 cli=/tmp/site/bin/dflash-iree
 out=${OUT:-/tmp/out}
 prompts=bench/prompts/code.jsonl
-$cli bench --artifacts .gpu/demo-s4-sm_80 --device cuda --prompts $prompts --limit 16 --max-new-tokens 128 \
+$cli bench --artifacts .gpu/demo-s4-sm_80 --target models/demo/target --drafter models/demo/drafter --device cuda --prompts $prompts --limit 16 --max-new-tokens 128 \
     --parallel 1,4 --runs 3 --json "$out/parallel_s4.json" --quiet || echo "s4 bench exit $?"  # 1: drafted and plain parted
-$cli bench --artifacts .gpu/demo-sm_80 --device cuda --prompts $prompts --limit 16 --max-new-tokens 128 \
+$cli bench --artifacts .gpu/demo-sm_80 --target models/demo/target --drafter models/demo/drafter --device cuda --prompts $prompts --limit 16 --max-new-tokens 128 \
     --parallel 1 --runs 3 --json "$out/parallel_s1.json" --quiet || echo "s1 bench exit $?"
