@@ -19,11 +19,9 @@ import sys
 import warnings
 
 import pytest
-from test_batch import BLOCK, REQUESTS, Oracle, run_together
+from test_batch import BLOCK, REQUESTS, Oracle, engine, run_together, truths  # noqa: F401 (fixtures)
 
 from dflash_iree.checkpoint import sha256_file
-from dflash_iree.export.load import load_pair
-from dflash_iree.export.reference import SamplingConfig, generate_plain
 from dflash_iree.guard import DFlashWarning
 from dflash_iree.manifest import DEPTH_COST_FILE
 from dflash_iree.runtime.batch import BatchEngine
@@ -42,22 +40,6 @@ class OverreachBatchEngine(BatchEngine):
         if len(ready) <= n:
             return block[1:n + 1], row
         return list(ready), row[:n] + list(ready[n:]) + [row[n]]
-
-
-@pytest.fixture(scope="module")
-def engine(streams_artifacts):
-    return Engine.load(str(streams_artifacts))
-
-
-@pytest.fixture(scope="module")
-def truths(target_dir, drafter_dir) -> dict[tuple, list[int]]:
-    """prompt -> prompt + plain decoding of the eager target (BLOCK tokens past each budget)."""
-    target, _ = load_pair(target_dir, drafter_dir, 256)
-    out = {}
-    for prompt, o, _ in REQUESTS:
-        s = SamplingConfig(o.temperature, o.top_k, o.top_p, o.seed)
-        out[tuple(prompt)] = list(prompt) + generate_plain(target, prompt, o.max_new_tokens + BLOCK, s).tokens
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import warnings
 
 import pytest
+from test_qwen35_decoding import Scripted  # the scripted drafter: accepted lengths cycle 0..B-1
 
 from dflash_iree.export.load import load_pair
 from dflash_iree.export.reference import SamplingConfig, generate_plain
@@ -63,26 +64,6 @@ def test_compiled_equals_eager(engine, eager, prompt, n_new, sampling):
     assert plain.tokens == want
     assert drafted.tokens == want
     assert sum(drafted.accepted) + len(drafted.accepted) >= n_new - 1  # every round committed its rows
-
-
-class Scripted:
-    """Drafts the known plain continuation, wrong from index r % B on in round r (so the accepted
-    lengths cycle 0..B-1; from B-1 on nothing is wrong: all accepted)."""
-
-    block_size = B
-
-    def __init__(self, plain, prompt_len):
-        self.plain, self.prompt_len, self.round = plain, prompt_len, 0
-
-    def begin(self, prompt_taps):
-        pass
-
-    def propose(self, tokens, new_taps, ctx_start):
-        done = len(tokens) - self.prompt_len
-        truth = (self.plain + [0] * B)[done:done + B - 1]
-        wrong_from = self.round % B
-        self.round += 1
-        return [t if i < wrong_from else (t + 1) % 512 for i, t in enumerate(truth)]
 
 
 def keeps_one_rejected(m):
