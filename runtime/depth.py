@@ -42,6 +42,7 @@ from dflash_iree.manifest import DEPTH_COST_FILE, rows_of
 
 FALLBACK = None  # RoundPlan.rows of a plain step of every stream
 MAX_WAIT = 16  # plain steps at most between two probes
+FLAT = 0.02  # a whole-block round within 2% of the cheapest call: noise of the measurement, no saving
 COST_FORMAT = 1
 _warned: set[str] = set()  # artifact folders whose missing cost file was logged
 
@@ -61,6 +62,15 @@ class CostModel:
 
     rows_ms: dict[int, float]
     fallback_ms: float
+
+    def full_depth_always(self) -> bool:
+        """Whether the rule would choose the whole block whatever the drafts: E[tau] does not fall as
+        rows are added and is at least 1 a stream (a plain step's yield), so when the largest R costs
+        no more (within FLAT) than every smaller R and than a plain step, no confidence can choose
+        otherwise. Then the rule is only overhead: the H200 runs the demo pair's rounds at 1.22-1.27 ms
+        for 2, 4 or 8 rows (experiments/2026-12-02-draft-depth-h200/), calls, not bytes, bounding them."""
+        full = self.rows_ms[max(self.rows_ms)]
+        return full <= (1 + FLAT) * min(min(self.rows_ms.values()), self.fallback_ms)
 
     @classmethod
     def load(cls, folder: Path, manifest) -> "CostModel | None":
@@ -205,7 +215,8 @@ class ForcedDepth:
 
 def rule_for(engine) -> DepthRule | None:
     """The depth rule of an Engine's artifacts, read once per Engine: None when the module has no
-    `verify_rows` (S = 1) or no cost file (logged once).
+    `verify_rows` (S = 1), no cost file (logged once), or costs under which the whole block always
+    wins (`CostModel.full_depth_always`, logged once).
 
     Raises:
         DFlashError: a corrupt cost file (CostModel.load).
@@ -213,4 +224,9 @@ def rule_for(engine) -> DepthRule | None:
     if not hasattr(engine, "_depth_costs"):
         a = engine.artifacts
         engine._depth_costs = CostModel.load(a.folder, a.manifest) if compiled_rows(a.manifest) else None
+        if engine._depth_costs is not None and engine._depth_costs.full_depth_always():
+            warnings.warn(f"{Path(a.folder) / DEPTH_COST_FILE}: a round of the whole block costs no more than fewer "
+                          "rows or a plain step here, so the draft depth rule is off (every round verifies the "
+                          "whole block)", DFlashWarning, stacklevel=3)
+            engine._depth_costs = None
     return DepthRule(engine._depth_costs) if engine._depth_costs is not None else None

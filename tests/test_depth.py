@@ -117,6 +117,28 @@ def test_rule_on_made_up_costs():
     assert seen == [FALLBACK, 2, FALLBACK, FALLBACK, 2, FALLBACK]
 
 
+def test_flat_costs_turn_the_rule_off(monkeypatch):
+    """The H200's measured curve (the whole block no dearer than fewer rows or a plain step): the
+    rule could never choose otherwise, so the engine runs without it; the host's curve keeps it."""
+    from types import SimpleNamespace
+
+    from dflash_iree.runtime import depth
+
+    h200 = CostModel({2: 1.232, 4: 1.2681, 8: 1.2203}, fallback_ms=7.0847)
+    host = CostModel({2: 89.0, 4: 114.0, 8: 168.0}, fallback_ms=72.0)
+    assert h200.full_depth_always() and not host.full_depth_always()
+    assert not CostModel({2: 1.0, 4: 1.0, 8: 1.0}, fallback_ms=0.5).full_depth_always()  # plain is cheaper
+    monkeypatch.setattr(depth, "compiled_rows", lambda manifest: [2, 4, 8])
+    for costs, rule_off in ((h200, True), (host, False)):
+        monkeypatch.setattr(depth.CostModel, "load", classmethod(lambda cls, folder, manifest, c=costs: c))
+        engine = SimpleNamespace(artifacts=SimpleNamespace(folder="x", manifest=None))
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            rule = depth.rule_for(engine)
+        assert (rule is None) == rule_off
+        assert any("the draft depth rule is off" in str(w.message) for w in seen) == rule_off
+
+
 def _cli(*args):
     return subprocess.run([sys.executable, "-m", "dflash_iree", *args], capture_output=True, text=True)
 
