@@ -22,6 +22,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import signal
 import subprocess
 import warnings
@@ -79,8 +80,11 @@ def read_manifest(folder: str | Path) -> dict:
     except (ValueError, UnicodeDecodeError) as e:
         # The parser ran out of text: at the end, or inside a string (whose error points at its start;
         # strict JSON strings hold no raw newline, so an unterminated one reached the end of the file).
-        end = ((getattr(e, "pos", None) or 0) >= len(data.rstrip())
-               or str(getattr(e, "msg", "")).startswith("Unterminated string"))
+        pos, text = getattr(e, "pos", None) or 0, data.rstrip()
+        end = (pos >= len(text) or str(getattr(e, "msg", "")).startswith("Unterminated string")
+               # a literal or a number cut short ("f" of false, "-", "1e", "0."): the parser stops before it
+               or any(word.startswith(text[pos:]) for word in (b"true", b"false", b"null", b"-"))
+               or re.fullmatch(rb"[.eE][-+]?", text[pos:]) is not None)
         what = f"cut off after {len(data)} bytes" if end else f"not valid JSON ({e})"
         raise DFlashError(f"{path} is {what}; the compile that wrote it was interrupted or the file was changed: "
                           "recompile the artifacts") from None
