@@ -145,11 +145,22 @@ def _cli(*args):
 
 @pytest.fixture(scope="module")
 def calibrated(streams_artifacts, tmp_path_factory):
-    """A copy of the S = 4 artifacts with `dflash-iree calibrate` run on it (3 repeats)."""
+    """A copy of the S = 4 artifacts with `dflash-iree calibrate` run on it (3 repeats), its measured
+    rows then replaced by a curve where rows cost what they compute (the demo pair's on the host):
+    the tiny pair's own curve can come out flat, which turns the rule off (CostModel.full_depth_always,
+    tested on its own), and these tests are about the rule on. The manifest lists the new file's
+    sha256, as calibrate would."""
     folder = tmp_path_factory.mktemp("calibrated") / "host"
     shutil.copytree(streams_artifacts, folder)
     done = _cli("calibrate", "--artifacts", str(folder), "--repeats", "3")
     assert done.returncode == 0, done.stderr
+    costs = json.loads((folder / DEPTH_COST_FILE).read_text())
+    assert sorted(costs["rows_ms"]) == ["2", "4", "8"] and all(v > 0 for v in costs["rows_ms"].values())
+    costs.update(rows_ms={"2": 89.0, "4": 114.0, "8": 168.0}, fallback_ms=72.0)
+    (folder / DEPTH_COST_FILE).write_text(json.dumps(costs, indent=1) + "\n")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["files"][DEPTH_COST_FILE] = sha256_file(folder / DEPTH_COST_FILE)
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return folder
 
 
