@@ -24,7 +24,9 @@ from dflash_iree.errors import DFlashError
 
 
 def read_prompts(path: str | Path, limit: int | None = None, encoding: str = "utf-8") -> list:
-    """Prompts from a JSONL file: each line an object with "prompt" (text) or "prompt_ids" (ids).
+    """Prompts from a JSONL file: each line an object with "prompt" (text), "prompt_ids" (ids) or
+    "messages" (chat messages [{"role", "content"}], rendered later with the target's chat template,
+    as `generate --chat` renders them; bench/prompts/chat.jsonl).
 
     Args:
         limit: use the first `limit` prompts (>= 1), or all (None).
@@ -32,7 +34,8 @@ def read_prompts(path: str | Path, limit: int | None = None, encoding: str = "ut
 
     Raises:
         DFlashError: a missing file, bytes not valid in `encoding`, a bad line (not an object, no
-            "prompt" string or "prompt_ids" list of integers), no prompts, or limit < 1.
+            "prompt" string, "prompt_ids" list of integers or "messages" list of chat messages), no
+            prompts, or limit < 1.
     """
     path = Path(path)
     if limit is not None:
@@ -48,10 +51,18 @@ def read_prompts(path: str | Path, limit: int | None = None, encoding: str = "ut
         where = f"{path}:{n}"
         try:
             row = json.loads(line)
-            prompt = row["prompt_ids"] if "prompt_ids" in row else row["prompt"]
-        except (ValueError, KeyError, TypeError):
-            raise DFlashError(f"{where}: expected a JSON object with a \"prompt\" or \"prompt_ids\" field") from None
-        if isinstance(prompt, str):
+            key = next(k for k in ("prompt_ids", "messages", "prompt") if k in row)
+            prompt = row[key]
+        except (ValueError, StopIteration, TypeError):
+            raise DFlashError(f"{where}: expected a JSON object with a \"prompt\", \"prompt_ids\" or \"messages\" "
+                              "field") from None
+        if key == "messages":
+            if not (isinstance(prompt, list) and prompt and all(
+                    isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                    for m in prompt)):
+                raise DFlashError(f"{where}: \"messages\" must be a non-empty list of {{\"role\": str, \"content\": str}}")
+            prompts.append(prompt)
+        elif isinstance(prompt, str):
             prompts.append(validate.text(prompt, f"{where} \"prompt\""))
         elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             prompts.append(prompt)

@@ -29,3 +29,42 @@ def test_bench_refuses_a_bad_prompt_file(host_artifacts, tmp_path):
     r = subprocess.run([sys.executable, "-m", "dflash_iree", "bench", "--artifacts", str(host_artifacts), "--prompts",
                         str(bad)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "bad.jsonl:1: expected a JSON object" in r.stderr
+
+
+def test_bench_takes_chat_messages(host_artifacts, target_dir, drafter_dir, tmp_path):
+    """Rows of "messages" are rendered with the target's chat template (bench/prompts/chat.jsonl's form)."""
+    from serving import chat_target
+
+    from dflash_iree.runtime.bench import read_prompts
+
+    chat = read_prompts("bench/prompts/chat.jsonl")
+    assert len(chat) == 32 and all(p[0]["role"] == "user" for p in chat)
+    target = chat_target(tmp_path / "chat", target_dir)
+    prompts = tmp_path / "chat.jsonl"
+    prompts.write_text("\n".join(json.dumps({"messages": [{"role": "user", "content": c}]}) for c in ("hi", "say hello"))
+                       + "\n")
+    out = tmp_path / "bench.json"
+    r = subprocess.run([sys.executable, "-m", "dflash_iree", "bench", "--artifacts", str(host_artifacts), "--target",
+                        str(target), "--drafter", str(drafter_dir), "--prompts", str(prompts), "--max-new-tokens", "8",
+                        "--runs", "1", "--json", str(out), "--quiet"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(out.read_text())["prompts"] == 2
+
+
+def test_bench_refuses_bad_chat_rows(host_artifacts, target_dir, tmp_path):
+    from serving import chat_target
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": [{"role": "user"}]}\n')
+    r = subprocess.run([sys.executable, "-m", "dflash_iree", "bench", "--artifacts", str(host_artifacts), "--prompts",
+                        str(bad)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and 'bad.jsonl:1: "messages" must be a non-empty list' in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    ok = tmp_path / "chat.jsonl"
+    ok.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
+    no_template = chat_target(tmp_path / "plain", target_dir)
+    (no_template / "tokenizer_config.json").write_text("{}")
+    r = subprocess.run([sys.executable, "-m", "dflash_iree", "bench", "--artifacts", str(host_artifacts), "--target",
+                        str(no_template), "--prompts", str(ok)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "tokenizer_config.json has no chat_template" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
