@@ -1,22 +1,34 @@
-"""The per-stream entry points of a module with several streams (S > 1): one stream's prompt
-prefilled into its own slot of the KV caches, leaving the other streams' slots untouched.
+"""The per-stream entry points of a module with several streams (S > 1): one stream's step in its
+own slot of the KV caches, leaving the other streams' slots untouched.
 
 Every other entry point already keeps each stream's state its own: `start` [S] is each stream's
 cache write position, and attention masks key rows past each stream's own query positions, so the
 shared `pages` length is only an upper bound of the rows read (the longest stream's), never what a
 stream sees. What a module of S streams cannot do with [S, T] steps is let one request join while
-the others run: a prefill of [S, T] would write T rows into every slot. So for S > 1 the module
-also has
+the others run (a prefill of [S, T] would write T rows into every slot), nor run one stream for
+the cost of one: every [S, B] round computes all S slots, so 1-stream DFlash on the 4-stream
+module ran at 0.86x the one-stream module on the H200 (issue #29). So for S > 1 the module also has
 - `prefill_stream` (and `prefill_stream_sampled`): tokens [1, T] at positions [start, start + T) of
   stream `stream`'s slot of the target's KV cache; chosen after the last row, taps returned;
-- `absorb_stream`: R rows of taps into stream `stream`'s slot of the drafter's context cache.
+- `absorb_stream`: R rows of taps into stream `stream`'s slot of the drafter's context cache;
+- `decode_stream` (and `_sampled`): `decode` of one stream, tokens [1, 1];
+- `verify_draft_stream` (and `_sampled`): `verify_draft` of one stream, tokens [1, B], n_draft
+  [1]: the round in slot `stream` of both caches, outputs laid out as `verify_draft`'s with S = 1.
+The batch engine calls the last two (and `prefill_stream` + `absorb_stream` as its plain step)
+when exactly one stream runs (runtime/stream_calls.py).
 
-A module of one stream has neither (its `prefill` and `absorb` serve its only slot), so its
-signatures, records and spliced kernels are those of before. The layers are the model's own
-(export/qwen3.py, export/dflash.py); only the cache rows differ: one stream's, found by index on the
-flat cache view, as `cache_rows` finds all streams' (one `index_copy_` to write, one `index_select`
-to read: the forms IREE compiles on a mutable global). The attention of these calls is IREE's (no
-block-attention splice: that kernel reads all S streams of the cache).
+A module of one stream has none (its own entry points serve its only slot), so its signatures,
+records, spliced kernels and exported MLIR are those of before. The layers are the model's own
+(export/qwen3.py, export/dflash.py `draft_block`); only the cache rows differ: one slot's. Writes
+are one `index_copy_` per layer on the flat cache view at that slot's rows (the form IREE compiles
+on a mutable global; one index vector plus a constant per layer, as `cache_rows` for S > 1). Reads
+are two `narrow`s of the flat view at a dynamic start, the slot index read with `.item()` and
+bounded by `torch._check` (`_slot_index`): a slice at a runtime offset, which IREE folds into the
+dispatch that reads it, where an `index_select` of the rows (the form before) gathered them into a
+new tensor every layer (experiments/2026-12-02-one-stream/). The target's attention in these calls
+is IREE's on every arch (no `dflash::block_attention` op: its kernel takes the whole cache and a
+constant layer); the linears and the head norm + rope are the model's named ops, spliced as in the
+other entry points.
 """
 
 from __future__ import annotations

@@ -163,8 +163,8 @@ def test_together_switches_between_the_forms(engine, truths, monkeypatch):
     the tokens of plain decoding (test_solo_equals_together_equals_plain checks them)."""
     counts = counting(monkeypatch, engine)
     run_together(BatchEngine(engine.with_seams(proposer=Oracle(truths))))
-    for name in ("verify_draft", "verify_draft_sampled", "verify_draft_stream", "verify_draft_stream_sampled"):
-        assert counts.get(name, 0) > 0, name
+    for form in ("verify_draft", "verify_draft_stream"):  # greedy or sampled: any sampled stream makes a round so
+        assert counts.get(form, 0) + counts.get(form + "_sampled", 0) > 0, form
 
 
 @pytest.mark.parametrize("proposer", [True, False])
