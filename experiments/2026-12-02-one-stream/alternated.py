@@ -3,7 +3,8 @@ calls, against the one-stream module: alternated in one process (issue #29: medi
 
     .venv/bin/python experiments/2026-12-02-one-stream/alternated.py --s4 /tmp/one/demo-s4-host \
         --s1 /tmp/one/demo-host --json experiments/2026-12-02-one-stream/host.json
-    (on the H200: --device cuda --s4 .gpu/demo-s4d-sm_80 --s1 .gpu/demo-sm_80, run_device.sh)
+    (on the H200: --device cuda --s4 .gpu/demo-s4-sm_80 --s1 .gpu/demo-sm_80, run_device.sh; --target and
+    --drafter: the checkpoints, default the demo pair)
 
 Each of --rounds rounds decodes the prompts one at a time (drafted, greedy, --max-new-tokens) with
 each arm, the arms' order rotated every round: `s4_one` (BatchEngine on the S-stream module, its
@@ -35,6 +36,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--s4", required=True, help="artifacts of the demo pair compiled with --streams 4")
     ap.add_argument("--s1", required=True, help="artifacts of the demo pair compiled with --streams 1")
+    ap.add_argument("--target", default=str(ROOT / "models/demo/target"))
+    ap.add_argument("--drafter", default=str(ROOT / "models/demo/drafter"))
     ap.add_argument("--device", default=None, help="IREE device (default: the artifacts'; cuda on the H200)")
     ap.add_argument("--json", required=True)
     ap.add_argument("--rounds", type=int, default=3)
@@ -42,12 +45,15 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     args = ap.parse_args()
     prompts = read_prompts(ROOT / "bench/prompts/code.jsonl", args.limit)
-    t, d = ROOT / "models/demo/target", ROOT / "models/demo/drafter"
+    t, d = args.target, args.drafter
     e4 = Engine.load(args.s4, t, d, args.device)
     e1 = Engine.load(args.s1, t, d, args.device)
     arms = {"s4_one": BatchEngine(e4), "s4_all": BatchEngine(e4, one_stream=False), "s1": BatchEngine(e1)}
     assert arms["s4_one"].calls.one_stream and not arms["s4_all"].calls.one_stream, "the S=4 module lacks the one-stream form"
-    ids = [arms["s1"].encode_prompt(p) for p in prompts]
+    if e1.codec is None:  # a pair without a tokenizer (the tests' tiny pair): made-up prompts of ids
+        ids = [[(37 * i + 11 * j) % 500 + 1 for j in range(8 + 3 * i)] for i in range(args.limit)]
+    else:
+        ids = [arms["s1"].encode_prompt(p) for p in prompts]
     o = GenerateOptions(max_new_tokens=args.max_new_tokens)
     for b in arms.values():  # warm-up: first calls pay one-time setup
         b.generate_many(ids[:1], GenerateOptions(max_new_tokens=8))

@@ -1,10 +1,10 @@
 """Dispatches (and tensor slices / updates, where IREE would copy) per call of the one-stream entry
 points against the S-stream ones and the one-stream module's, from the flow IR of a small export.
 
-    .venv/bin/python experiments/2026-12-02-one-stream/dispatch_counts.py TINY_DIR ARCH STREAMS [OUT.json]
+    .venv/bin/python experiments/2026-12-02-one-stream/dispatch_counts.py TINY_DIR ARCH STREAMS [OUT.json [DTYPE]]
 
 TINY_DIR: a tiny pair (tests/tiny.py). Exports only the entry points counted (max_context 256,
-the arch's attention form), lowers the named ops for ARCH (export/splice.py, as a compile does),
+the arch's attention form; DTYPE bf16 gives the GPU kernels their dtype, the tiny pair's own is f32), lowers the named ops for ARCH (export/splice.py, as a compile does),
 and compiles to the flow phase (bench/count_dispatches.py's method; no codegen, so sm_80 counts on
 the 2-core host in minutes).
 """
@@ -40,7 +40,8 @@ def per_function(flow: str, names: list[str]) -> dict:
         body = flow[i:j]
         out[name] = {"dispatches": len(re.findall(r"flow\.dispatch @", body)),
                      "tensor_slices": len(re.findall(r"flow\.tensor\.slice", body)),
-                     "tensor_updates": len(re.findall(r"flow\.tensor\.update", body))}
+                     "tensor_updates": len(re.findall(r"flow\.tensor\.update", body)),
+                     "tensor_loads": len(re.findall(r"flow\.tensor\.load", body))}
     return out
 
 
@@ -48,7 +49,8 @@ def main() -> None:
     tiny, arch_name, streams = sys.argv[1], sys.argv[2], int(sys.argv[3])
     arch = resolve_arch(arch_name)[0]
     names = S1 + (ONE if streams > 1 else [])
-    p = C.plan(f"{tiny}/target", f"{tiny}/drafter", max_context=256, streams=streams, attention=arch.attention)
+    p = C.plan(f"{tiny}/target", f"{tiny}/drafter", max_context=256, streams=streams, attention=arch.attention,
+               dtype=sys.argv[5] if len(sys.argv) > 5 else None)
     with tempfile.TemporaryDirectory() as work, torch.no_grad():
         mlir = Path(work) / "export.mlirbc"
         o, _ = aot.export_module(C._build_pair(p), aot.export_shapes(p), p.sampled, only=names)
@@ -58,7 +60,7 @@ def main() -> None:
         subprocess.run([iree_compile_tool(), str(source), *compile_flags(arch), *flags, "--compile-to=flow",
                         "-o", str(flow)], check=True)
         counts = per_function(flow.read_text(), names)
-    result = {"arch": arch.name, "streams": streams, "attention": arch.attention,
+    result = {"arch": arch.name, "streams": streams, "attention": arch.attention, "dtype": p.dtype,
               "splices": {k: v.get("entries", v) if isinstance(v, dict) else v for k, v in report.items()},
               "per_call": counts}
     print(json.dumps(result["per_call"], indent=1))
