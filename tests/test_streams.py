@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from dflash_iree.export.load import load_pair
@@ -51,11 +52,13 @@ def _filled(pair: Pair) -> Pair:
 
 
 @torch.no_grad()
-def test_one_stream_calls_equal_the_stream_row(target_dir, drafter_dir):
+@pytest.mark.parametrize("drafter", ["drafter_dir", "dflash2_sliding_dir"])
+def test_one_stream_calls_equal_the_stream_row(target_dir, drafter, request):
     """`verify_draft_stream` / `decode_stream` (+ `_sampled`) in slot 1 of a 3-stream pair: the
     round and taps of row 1 of `verify_draft` / `decode` on the same caches, slot 1's cache rows
     the same after, every other slot untouched. The planted control, the one-stream call told slot 2,
-    must differ."""
+    must differ. With the v1 drafter and a DFlash2 one whose layers all slide (its ring cache)."""
+    drafter_dir = request.getfixturevalue(drafter)
     B, pages = 8, torch.zeros(4, dtype=torch.int8)  # 64 rows read
     tokens = torch.tensor([[5, 9, 300, 41, 41, 7, 2, 8], [7, 300, 12, 99, 5, 41, 3, 3], [1, 2, 3, 4, 5, 6, 7, 8]])
     start, n_draft = torch.tensor([20, 33, 12]), torch.tensor([7, 4, 0])
