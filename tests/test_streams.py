@@ -1,6 +1,8 @@
 """The stream dimension S: the per-stream prefill and absorb (export/stream_entry_points.py) write
 one stream's slot and nothing else, eagerly; and the tiny pair compiled with --streams 4 for the
-host (the session's shared `streams_artifacts`) has S-shaped entry points and the per-stream ones.
+host (the session's shared `streams_artifacts`) has S-shaped entry points and the per-stream ones;
+the one-stream round and step (`verify_draft_stream`, `decode_stream`) equal the S-stream call's
+row of their slot and touch no other slot, eagerly, with a planted wrong slot that must differ.
 S > 1 modules compile for sm_80 and gfx1151 too since export/qwen3.py `cache_rows` gives each layer
 its own index vector (before, a [1, ?] i64 slice in the cache write failed CUDA translation;
 experiments/2026-12-02-streams-sm80/); no GPU compile runs here, its form is tested below."""
@@ -129,5 +131,9 @@ def test_four_streams_manifest(streams_artifacts):
     assert [a["name"] for a in e["prefill_stream_sampled"]["args"]] == [
         "tokens", "stream", "start", "pages", "temperature", "top_k", "top_p", "seed", "chosen"]
     assert e["prefill_stream"]["args"][0]["shape"] == [1, "T"] and e["absorb_stream"]["args"][1]["shape"] == [1]
+    assert [a["name"] for a in e["verify_draft_stream_sampled"]["args"]] == [
+        "tokens", "stream", "start", "n_draft", "pages", "temperature", "top_k", "top_p", "seed", "round"]
+    assert e["verify_draft_stream"]["args"][0]["shape"] == [1, 8] and e["verify_draft_stream"]["args"][-1]["shape"] == [1, 16]
+    assert e["decode_stream"]["args"][0]["shape"] == [1, 1] and e["decode_stream_sampled"]["writes"] == ["chosen"]
     assert m["state"]["globals"]["target.kv_cache"]["shape"][0] == 4
     assert m["splices"]["topk"]
