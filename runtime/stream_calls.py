@@ -110,7 +110,8 @@ class StreamCalls:
         else:
             self.pair.fn["absorb"](taps, self._i64([0]))
 
-    def decode(self, anchors: list[int], starts: list[int], sampling: list[tuple], only: int | None = None) -> list[int]:
+    def decode(self, anchors: list[int], starts: list[int], sampling: list[tuple],
+               only: int | None = None) -> list[int]:
         """One plain step of every stream: anchors[s] at position starts[s]; the target's next tokens [S]
         (only: the one running stream's slot; the other rows then are 0)."""
         if self._one(only):
@@ -171,7 +172,8 @@ class StreamCalls:
         row = self.pair._read(packed)
         return row[:, :R], row[:, R:R + B - 1], row[:, R + B - 1], self.pair._read(confidence)
 
-    def plain_step(self, anchors: list[int], starts: list[int], sampling: list[tuple], only: int | None = None) -> list[int]:
+    def plain_step(self, anchors: list[int], starts: list[int], sampling: list[tuple],
+                   only: int | None = None) -> list[int]:
         """One plain step of every stream that keeps the drafter's context: `prefill` of one row per
         stream (anchors[s] at starts[s]), then `absorb` of its taps, so that a later drafted round
         finds every committed position in the context cache (`decode` returns no taps). only: the
