@@ -142,6 +142,19 @@ class DFlashDrafter(nn.Module):
             logits: float32 [S, B - 1, vocab_size].
         """
         self.absorb(taps, ctx_start, n_valid)
+        return self.draft_block(target, ctx_start, n_valid, anchor, read_len, sampling, self.context)
+
+    def context(self, layer: int, read_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cached context keys and values [S, read_len, Hkv, hd] of one layer, every stream's."""
+        S, hd = self.ctx_cache.shape[0], self.cfg.head_dim
+        return (self.ctx_cache[:, layer, 0, :read_len].view(S, read_len, -1, hd),
+                self.ctx_cache[:, layer, 1, :read_len].view(S, read_len, -1, hd))
+
+    def draft_block(self, target: Qwen3, ctx_start: torch.Tensor, n_valid: torch.Tensor, anchor: torch.Tensor,
+                    read_len: int | None, sampling: Sampling | None, context) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward` after its absorb: the block at ctx_start + n_valid drafted over the context that
+        `context(layer, read_len)` reads (`self.context`; one stream's slot in
+        export/stream_entry_points.py). Same arguments and results as `forward`."""
         B = self.block_size
         S = anchor.shape[0]
         read_len = self.max_context if read_len is None else read_len
@@ -161,11 +174,8 @@ class DFlashDrafter(nn.Module):
         else:
             held = draft_window.slot_positions(start, read_len, self.ring)
             visible = {w: draft_window.visibility(held, positions, w) for w in sorted(set(windows))}
-        hd = self.cfg.head_dim
         for i, layer in enumerate(self.layers):
-            ctx_k = self.ctx_cache[:, i, 0, :read_len].view(S, read_len, -1, hd)
-            ctx_v = self.ctx_cache[:, i, 1, :read_len].view(S, read_len, -1, hd)
-            x = layer(x, cos, sin, ctx_k, ctx_v, *visible[windows[i]])
+            x = layer(x, cos, sin, *context(i, read_len), *visible[windows[i]])
         return self.propose(target, self.norm(x[:, 1:]), anchor, positions[:, 1:], sampling)
 
     def propose(self, target: Qwen3, h: torch.Tensor, anchor: torch.Tensor, positions: torch.Tensor,

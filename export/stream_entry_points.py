@@ -1,32 +1,42 @@
-"""The per-stream entry points of a module with several streams (S > 1): one stream's prompt
-prefilled into its own slot of the KV caches, leaving the other streams' slots untouched.
+"""The per-stream entry points of a module with several streams (S > 1): one stream's step in its
+own slot of the KV caches, leaving the other streams' slots untouched.
 
 Every other entry point already keeps each stream's state its own: `start` [S] is each stream's
 cache write position, and attention masks key rows past each stream's own query positions, so the
 shared `pages` length is only an upper bound of the rows read (the longest stream's), never what a
 stream sees. What a module of S streams cannot do with [S, T] steps is let one request join while
-the others run: a prefill of [S, T] would write T rows into every slot. So for S > 1 the module
-also has
+the others run (a prefill of [S, T] would write T rows into every slot), nor run one stream for
+the cost of one: every [S, B] round computes all S slots, so 1-stream DFlash on the 4-stream
+module ran at 0.86x the one-stream module on the H200 (issue #29). So for S > 1 the module also has
 - `prefill_stream` (and `prefill_stream_sampled`): tokens [1, T] at positions [start, start + T) of
   stream `stream`'s slot of the target's KV cache; chosen after the last row, taps returned;
-- `absorb_stream`: R rows of taps into stream `stream`'s slot of the drafter's context cache.
+- `absorb_stream`: R rows of taps into stream `stream`'s slot of the drafter's context cache;
+- `decode_stream` (and `_sampled`): `decode` of one stream, tokens [1, 1];
+- `verify_draft_stream` (and `_sampled`): `verify_draft` of one stream, tokens [1, B], n_draft
+  [1]: the round in slot `stream` of both caches, outputs laid out as `verify_draft`'s with S = 1.
+The batch engine calls the last two (and `prefill_stream` + `absorb_stream` as its plain step)
+when exactly one stream runs (runtime/stream_calls.py).
 
-A module of one stream has neither (its `prefill` and `absorb` serve its only slot), so its
-signatures, records and spliced kernels are those of before. The layers are the model's own
-(export/qwen3.py, export/dflash.py); only the cache rows differ: one stream's, found by index on the
-flat cache view, as `cache_rows` finds all streams' (one `index_copy_` to write, one `index_select`
-to read: the forms IREE compiles on a mutable global). The attention of these calls is IREE's (no
-block-attention splice: that kernel reads all S streams of the cache).
+A module of one stream has none (its own entry points serve its only slot), so its signatures,
+records, spliced kernels and exported MLIR are those of before. The layers are the model's own
+(export/qwen3.py, export/dflash.py `draft_block`); only the cache rows differ: one slot's. Writes
+are one `index_copy_` per layer on the flat cache view at that slot's rows (the form IREE compiles
+on a mutable global; one index vector plus a constant per layer, as `cache_rows` for S > 1). Reads
+are two `narrow`s of the flat view at a dynamic start, the slot index read with `.item()` and
+bounded by `torch._check` (`_slot_index`): a slice at a runtime offset, which IREE folds into the
+dispatch that reads it, where an `index_select` of the rows (the form before) gathered them into a
+new tensor every layer (experiments/2026-12-02-one-stream/). The target's attention in these calls
+is IREE's on every arch (no `dflash::block_attention` op: its kernel takes the whole cache and a
+constant layer); the linears and the head norm + rope are the model's named ops, spliced as in the
+other entry points.
 """
 
 from __future__ import annotations
 
 import torch
 
-from dflash_iree.manifest import KV_PAGE
-
 from . import draft_window
-from .entry_points import EntryPoint, ExportShapes, TensorSpec
+from .entry_points import EntryPoint, ExportShapes, TensorSpec, _read_len, accepted_drafts
 from .qwen3 import attention_fn, project, rope_tables
 from .sampling import Sampling, choose_tokens
 
@@ -54,59 +64,93 @@ def stream_entry_points(shapes: ExportShapes, sampled: bool = True) -> list[Entr
                           (TensorSpec("ctx_len", (1,), "i64"),),
                           "Project R context rows of one stream (the target's taps at positions [start, start+R)) "
                           "into slot `stream` of the drafter's context cache; returns start + R."))
+    B = shapes.block_size
+    n_draft = one("n_draft")
+    for suffix, extra in (("", ()), ("_sampled", sampling)) if sampled else (("", ()),):
+        out.append(EntryPoint("decode_stream" + suffix, "target",
+                              (TensorSpec("tokens", (1, 1), "i64"), one("stream"), one("start"), pages) + extra
+                              + (chosen,), (),
+                              "`decode` of one stream: its token at position start of slot `stream`, the other "
+                              "slots untouched.", ("chosen",)))
+        out.append(EntryPoint("verify_draft_stream" + suffix, "target",
+                              (TensorSpec("tokens", (1, B), "i64"), one("stream"), one("start"), n_draft, pages)
+                              + extra + (TensorSpec("round", (1, 2 * B), "i64"),), (taps(B),),
+                              "`verify_draft` of one stream in slot `stream` of both caches, the other slots "
+                              "untouched: the same round and outputs, with S = 1.", ("round",)))
     return out
 
 
-def _slot_rows(cache: torch.Tensor, stream: torch.Tensor, layer: int, positions: torch.Tensor) -> torch.Tensor:
-    """Rows of cache [S, L, 2, C, D]'s flat [S*L*2*C, D] view holding the keys (then, + C, the values)
-    of `positions` (int64 [T]) in layer `layer` of slot `stream` (int64 [1]): int64 [T]."""
+def _slot_index(stream: torch.Tensor, streams: int):
+    """Slot `stream` (int64 [1]) as an int (an unbacked SymInt under torch.export), checked to lie in
+    [0, streams): the bound lets torch.export prove every slice of that slot inside the cache, and
+    IREE gets a scalar offset, which it folds into the dispatch that reads the slice."""
+    s = stream[0].item()
+    torch._check(s >= 0)
+    torch._check(s < streams)
+    return s
+
+
+def _slot_rows(cache: torch.Tensor, stream: torch.Tensor, positions: torch.Tensor) -> list[torch.Tensor]:
+    """Per layer, the rows of cache [S, L, 2, C, D]'s flat [S*L*2*C, D] view holding the keys, then
+    the values, of `positions` (int64 [T]) in slot `stream` (int64 [1]): L int64 [2T] vectors.
+
+    The form of export/qwen3.py `cache_rows` for S > 1 (one vector, each layer adding its constant
+    offset; the form IREE's GPU codegen takes), for one slot."""
     _, L, _, C, _ = cache.shape
-    return (stream * L + layer) * 2 * C + positions
+    at = stream * (L * 2 * C) + positions
+    flat = torch.cat([at, at + C])
+    return [flat + layer * 2 * C for layer in range(L)]
 
 
-def _write_slot(cache: torch.Tensor, stream, layer: int, positions, k: torch.Tensor, v: torch.Tensor) -> None:
-    """k, v [1, T, Hkv, hd] into one layer of slot `stream` at `positions` [T], in place."""
-    C, D = cache.shape[3], cache.shape[4]
-    rows = _slot_rows(cache, stream, layer, positions)
+def _write_slot(cache: torch.Tensor, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """k, v [1, T, Hkv, hd] into the cache at one layer's `_slot_rows` [2T], in place (one `index_copy_`
+    on the flat view, as export/qwen3.py `write_cache`: the form IREE compiles on a mutable global)."""
+    D = cache.shape[4]
     T = k.shape[1]
     values = torch.cat([k.reshape(T, D), v.reshape(T, D)], 0).to(cache.dtype)
-    cache.view(-1, D).index_copy_(0, torch.cat([rows, rows + C]), values)
+    cache.view(-1, D).index_copy_(0, rows, values)
 
 
-def _read_slot(cache: torch.Tensor, stream, layer: int, read_len: int, hd: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keys and values [1, read_len, Hkv, hd] of the first read_len rows of one layer of slot `stream`."""
-    C, D = cache.shape[3], cache.shape[4]
-    rows = _slot_rows(cache, stream, layer, torch.arange(read_len, dtype=torch.int64, device=cache.device))
+def _read_slot(cache: torch.Tensor, slot, layer: int, read_len: int, hd: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values [1, read_len, Hkv, hd] of the first read_len rows of one layer of slot `slot`
+    (`_slot_index`'s int): two slices of the flat view at a dynamic start, no copy (an `index_select`
+    of the rows gathered them into a new tensor every layer: experiments/2026-12-02-one-stream/)."""
+    _, L, _, C, D = cache.shape
     flat = cache.view(-1, D)
+    base = (slot * L + layer) * 2 * C
     shape = (1, read_len, D // hd, hd)
-    return flat.index_select(0, rows).view(shape), flat.index_select(0, rows + C).view(shape)
+    return flat.narrow(0, base, read_len).view(shape), flat.narrow(0, base + C, read_len).view(shape)
 
 
-def target_prefill_stream(target, tokens: torch.Tensor, stream: torch.Tensor, start: torch.Tensor, read_len: int,
-                          sampling: Sampling | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """export/qwen3.py `Qwen3.forward` with last_only for one stream's slot of the cache.
+def target_step_stream(target, tokens: torch.Tensor, stream: torch.Tensor, start: torch.Tensor, read_len: int,
+                       sampling: Sampling | None, last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """export/qwen3.py `Qwen3.forward` for one stream's slot of the cache.
 
     Args:
         tokens: int64 [1, T]; stream: int64 [1], the slot; start: int64 [1], position of tokens[:, 0].
         read_len: cache rows attention reads (>= start + T).
         sampling: None (greedy) or [1]-shaped parameters.
+        last_only: choose a token for the last row only (prefill).
 
     Returns:
-        chosen int64 [1, 1] (the token after the last row), taps [1, T, n_taps * hidden].
+        chosen int64 [1, T] ([1, 1] with last_only), the target's token after each row;
+        taps [1, T, n_taps * hidden].
     """
     T = tokens.shape[1]
     cfg, cache = target.cfg, target.kv_cache
+    slot = _slot_index(stream, cache.shape[0])
     pos = start + torch.arange(T, dtype=torch.int64, device=tokens.device)
     positions = pos[None, :]
     x = target.model.embed_tokens(tokens)
     cos, sin = rope_tables(positions, cfg.head_dim, cfg.rope_theta, x.dtype)
     key_pos = torch.arange(read_len, dtype=torch.int64, device=tokens.device)
     visible = key_pos[None, None, :] <= positions[:, :, None]
+    rows = _slot_rows(cache, stream, pos)
     taps = {}
     for i, layer in enumerate(target.model.layers):
         q, k, v = layer.self_attn.qkv(layer.input_layernorm(x), cos, sin)
-        _write_slot(cache, stream, i, pos, k, v)
-        keys, values = _read_slot(cache, stream, i, read_len, cfg.head_dim)
+        _write_slot(cache, rows[i], k, v)
+        keys, values = _read_slot(cache, slot, i, read_len, cfg.head_dim)
         x = layer.finish(x, attention_fn(layer.attention)(q, keys, values, visible))
         if i in target.tap_layer_ids:
             taps[i] = x
@@ -114,35 +158,52 @@ def target_prefill_stream(target, tokens: torch.Tensor, stream: torch.Tensor, st
     if cfg.num_hidden_layers - 1 in taps:  # HF's hidden_states[L] is after the final norm, as in Qwen3.forward
         taps[cfg.num_hidden_layers - 1] = h
     tapped = torch.cat([taps[i] for i in target.tap_layer_ids], -1) if taps else x[..., :0]
-    logits = project(h[:, -1:], [target.lm_head])[0].float()
-    return choose_tokens(logits, positions[:, -1:] + 1, sampling), tapped
+    if last_only:
+        h, positions = h[:, -1:], positions[:, -1:]
+    logits = project(h, [target.lm_head])[0].float()
+    return choose_tokens(logits, positions + 1, sampling), tapped
 
 
-def drafter_absorb_stream(drafter, taps: torch.Tensor, stream: torch.Tensor, start: torch.Tensor) -> None:
+def drafter_absorb_stream(drafter, taps: torch.Tensor, stream: torch.Tensor, start: torch.Tensor,
+                          n_valid: torch.Tensor | None = None) -> None:
     """export/dflash.py `DFlashDrafter.absorb` into one stream's slot: taps [1, R, N] at positions
-    [start, start + R) (start, stream: int64 [1]); a ring cache keeps its window of them
-    (export/draft_window.py)."""
+    [start, start + R) (start, stream, n_valid: int64 [1]; n_valid, the real rows, default R); a ring
+    cache keeps its window of them (export/draft_window.py)."""
     R = taps.shape[1]
     pos = start + torch.arange(R, dtype=torch.int64, device=taps.device)
     ctx = drafter.hidden_norm(project(taps.to(drafter.fc.weight.dtype), [drafter.fc])[0])
     cos, sin = rope_tables(pos[None, :], drafter.cfg.head_dim, drafter.cfg.rope_theta, ctx.dtype)
     kv = project(ctx, [p for layer in drafter.layers for p in (layer.self_attn.k_proj, layer.self_attn.v_proj)])
-    slots = draft_window.absorb_slots(pos[None], start + R, drafter.ring, drafter.block_size)[0]
+    block_start = start + (R if n_valid is None else n_valid)
+    slots = draft_window.absorb_slots(pos[None], block_start, drafter.ring, drafter.block_size)[0]
+    rows = _slot_rows(drafter.ctx_cache, stream, slots)
     for i, layer in enumerate(drafter.layers):
         k, v = layer.self_attn.rotate_kv(kv[2 * i], kv[2 * i + 1], cos, sin)
-        _write_slot(drafter.ctx_cache, stream, i, slots, k, v)
+        _write_slot(drafter.ctx_cache, rows[i], k, v)
+
+
+def drafter_draft_stream(drafter, target, taps, stream, ctx_start, n_valid, anchor, read_len: int,
+                         sampling: Sampling | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """export/dflash.py `DFlashDrafter.forward` in one stream's slot of the context cache: absorb the
+    first n_valid rows of taps [1, R, N] at ctx_start, draft the block after anchor (all int64 [1]).
+    Returns draft int64 [1, B - 1] and logits float32 [1, B - 1, V]."""
+    drafter_absorb_stream(drafter, taps, stream, ctx_start, n_valid)
+    slot = _slot_index(stream, drafter.ctx_cache.shape[0])
+    hd = drafter.cfg.head_dim
+    context = lambda layer, n: _read_slot(drafter.ctx_cache, slot, layer, n, hd)  # noqa: E731
+    return drafter.draft_block(target, ctx_start, n_valid, anchor, read_len, sampling, context)
 
 
 # The exported bodies (the root `Pair` first, as in export/entry_points.py).
 def prefill_stream(m, tokens, stream, start, pages, chosen):
-    c, taps = target_prefill_stream(m.target, tokens, stream, start, pages.shape[0] * KV_PAGE, None)
+    c, taps = target_step_stream(m.target, tokens, stream, start, _read_len(pages), None, last_only=True)
     chosen.copy_(c)
     return taps
 
 
 def prefill_stream_sampled(m, tokens, stream, start, pages, temperature, top_k, top_p, seed, chosen):
-    c, taps = target_prefill_stream(m.target, tokens, stream, start, pages.shape[0] * KV_PAGE,
-                                    Sampling(temperature, top_k, top_p, seed))
+    c, taps = target_step_stream(m.target, tokens, stream, start, _read_len(pages),
+                                 Sampling(temperature, top_k, top_p, seed), last_only=True)
     chosen.copy_(c)
     return taps
 
@@ -152,4 +213,40 @@ def absorb_stream(m, taps, stream, start):
     return start + taps.shape[1]
 
 
-STREAM_BODIES = {f.__name__: f for f in (prefill_stream, prefill_stream_sampled, absorb_stream)}
+def _decode_stream(m, tokens, stream, start, pages, sampling, chosen):
+    c, _ = target_step_stream(m.target, tokens, stream, start, _read_len(pages), sampling)
+    chosen.copy_(c)
+    return ()
+
+
+def decode_stream(m, tokens, stream, start, pages, chosen):
+    return _decode_stream(m, tokens, stream, start, pages, None, chosen)
+
+
+def decode_stream_sampled(m, tokens, stream, start, pages, temperature, top_k, top_p, seed, chosen):
+    return _decode_stream(m, tokens, stream, start, pages, Sampling(temperature, top_k, top_p, seed), chosen)
+
+
+def _verify_draft_stream(m, tokens, stream, start, n_draft, pages, sampling, round_):
+    """export/entry_points.py `_verify_then_draft` in slot `stream`: the same round, [1]-shaped."""
+    read_len = _read_len(pages)
+    chosen, taps = target_step_stream(m.target, tokens, stream, start, read_len, sampling)
+    n_valid = accepted_drafts(tokens, chosen, n_draft) + 1
+    bonus = torch.gather(chosen, 1, (n_valid - 1)[:, None])[:, 0]
+    draft = drafter_draft_stream(m.drafter, m.target, taps, stream, start, n_valid, bonus, read_len, sampling)[0]
+    round_.copy_(torch.cat([chosen, draft, n_valid[:, None]], 1))
+    return taps
+
+
+def verify_draft_stream(m, tokens, stream, start, n_draft, pages, round):  # noqa: A002 (the manifest's name)
+    return _verify_draft_stream(m, tokens, stream, start, n_draft, pages, None, round)
+
+
+def verify_draft_stream_sampled(m, tokens, stream, start, n_draft, pages, temperature, top_k, top_p, seed,
+                                round):  # noqa: A002
+    return _verify_draft_stream(m, tokens, stream, start, n_draft, pages, Sampling(temperature, top_k, top_p, seed),
+                                round)
+
+
+STREAM_BODIES = {f.__name__: f for f in (prefill_stream, prefill_stream_sampled, absorb_stream, decode_stream,
+                                          decode_stream_sampled, verify_draft_stream, verify_draft_stream_sampled)}

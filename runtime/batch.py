@@ -6,7 +6,8 @@ streams"): `capacity`, `active`, `encode_prompt`, `add`, `cancel`, `step` -> [St
 join and leave at round boundaries: `add` validates a request and queues it; each `step` first
 finishes cancelled requests, then prefills at most one queued request into a free slot (one call:
 the running streams wait at most one prefill), then runs one round for every active stream: one
-`verify_draft` call when any stream drafts (or asks for `exact`), else one `decode` call. Each stream
+`verify_draft` call when any stream drafts (or asks for `exact`), else one `decode` call (with one
+stream running, the module's one-stream form of them, runtime/stream_calls.py). Each stream
 keeps its own length, sampling parameters, stop rule and rollback (runtime/stream_calls.py: every
 argument has a row per stream); a plain stream in a drafted round verifies its anchor alone
 (n_draft 0), which is plain decoding through the verify graph.
@@ -91,18 +92,20 @@ class BatchEngine:
             for a module without `verify_rows` or without depth_cost.json); None, off (every round
             verifies the whole block); or a rule object with `plan(views, round_index)` and `rows`
             (tests: `ForcedDepth`).
+        one_stream: a round with one stream running calls the module's one-stream form
+            (runtime/stream_calls.py) where it has one; False: always the S-stream calls (benchmarks).
 
     Raises:
         DFlashError: "auto" with a corrupt depth_cost.json (runtime/depth.py CostModel.load).
     """
 
-    def __init__(self, engine: Engine, depth="auto"):
+    def __init__(self, engine: Engine, depth="auto", one_stream: bool = True):
         self.engine = engine
         self.depth = rule_for(engine) if depth == "auto" else depth
         self.rounds = 0
         self.round_rows: dict = {}  # R or "plain" -> rounds the depth rule planned so
         self.capacity = int(engine.artifacts.manifest.streams)
-        self.calls = StreamCalls(engine.module, self.capacity)
+        self.calls = StreamCalls(engine.module, self.capacity, one_stream)
         self.block_size = engine.block_size
         self.max_context = engine.max_context
         self._slots: list[_Stream | None] = [None] * self.capacity
@@ -242,15 +245,16 @@ class BatchEngine:
         sampling = [GREEDY if s is None or s.req.done else self._sampling(s.req) for s in slots]
         self.rounds += 1
         anchors = [0 if s is None or s.req.done else s.req.tokens[-1] for s in slots]
+        only = running[0].slot if len(running) == 1 else None  # the one-stream form's slot
         if not any(s.req.speculative or s.req.options.exact for s in running):
-            chosen = self.calls.decode(anchors, starts, sampling)
+            chosen = self.calls.decode(anchors, starts, sampling, only)
             for s in running:
                 self._commit_plain(s.req, chosen[s.slot])
             return
         ready = {s.slot: self._ready_drafts(s) for s in running}
         plan = self._plan(running, ready)
         if plan is not None and plan.rows is FALLBACK:
-            chosen = self.calls.plain_step(anchors, starts, sampling)
+            chosen = self.calls.plain_step(anchors, starts, sampling, only)
             for s in running:
                 self._commit_plain(s.req, chosen[s.slot])
                 s.draft_ready, s.confidence = False, None
@@ -265,7 +269,7 @@ class BatchEngine:
             blocks.append(block + [block[-1]] * (R - len(block)))
             n_draft.append(len(drafts))
         if plan is None:
-            (chosen, drafts, rows), confidence = self.calls.verify_draft(blocks, starts, n_draft, sampling), None
+            (chosen, drafts, rows), confidence = self.calls.verify_draft(blocks, starts, n_draft, sampling, only), None
         else:
             chosen, drafts, rows, confidence = self.calls.verify_rows(R, blocks, starts, n_draft, sampling)
         accept = self.engine.seams.accept

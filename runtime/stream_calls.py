@@ -10,6 +10,13 @@ own slot (overwritten by the next prefill there), and its results are not read.
 
 A joining request is prefilled alone into its slot: `prefill_stream` / `absorb_stream` of a module of
 S > 1 streams (export/stream_entry_points.py), `prefill` / `absorb` of a one-stream module.
+
+A step with one stream running (`only`, its slot) calls the one-stream form of a module of S > 1
+streams where it has one (`decode_stream`, `verify_draft_stream`, and `prefill_stream` +
+`absorb_stream` for the plain step; each with `_sampled`): the same step on that slot alone, so it
+costs what the one-stream module's call costs instead of computing all S slots. Its results come
+back S-shaped, the one row filled (the other rows are not read), so the engine reads either form
+alike.
 """
 
 from __future__ import annotations
@@ -28,12 +35,17 @@ class StreamCalls:
     Args:
         pair: the bound module (Artifacts.bind).
         streams: S, the manifest's `streams`.
+        one_stream: call the one-stream form for a step given `only` (when the module has it; False:
+            always the S-stream form, the benchmark's control).
     """
 
-    def __init__(self, pair: CompiledPair, streams: int):
+    def __init__(self, pair: CompiledPair, streams: int, one_stream: bool = True):
         self.pair, self.S, self.B = pair, streams, pair.block_size
+        self.one_stream = one_stream and streams > 1 and "verify_draft_stream" in pair.fn
         self._sampling_key: tuple | None = None
         self._sampling_args: tuple = ()
+        self._one_key: tuple | None = None
+        self._one_args: tuple = ()
 
     def _i64(self, values):
         return self.pair._stage.arg(np.array(values, np.int64))
@@ -51,6 +63,23 @@ class StreamCalls:
                       np.array(cols[3], np.int64))
             self._sampling_key, self._sampling_args = key, tuple(stage.arg(a, constant=True) for a in arrays)
         return "_sampled", self._sampling_args
+
+    def _sampling_one(self, row: tuple) -> tuple[str, tuple]:
+        """`sampling` for one stream's (temperature, top_k, top_p, seed): [1]-shaped arguments."""
+        if row[0] == 0:
+            return "", ()
+        if row != self._one_key:
+            dts = (np.float32, np.int64, np.float32, np.int64)
+            self._one_key = row
+            self._one_args = tuple(self.pair._stage.arg(np.array([v], dt), constant=True) for v, dt in zip(row, dts))
+        return "_sampled", self._one_args
+
+    def _one(self, only: int | None) -> bool:
+        return only is not None and self.one_stream
+
+    def _where(self, only: int):
+        """The `stream` argument of a one-stream call (tests/test_batch.py plants a wrong one)."""
+        return self._i64([only])
 
     def prefill(self, stream: int, ids: list[int], sampling: tuple):
         """Run prompt `ids` from position 0 into slot `stream` alone (sampling: its (temperature,
@@ -81,27 +110,49 @@ class StreamCalls:
         else:
             self.pair.fn["absorb"](taps, self._i64([0]))
 
-    def decode(self, anchors: list[int], starts: list[int], sampling: list[tuple]) -> list[int]:
-        """One plain step of every stream: anchors[s] at position starts[s]; the target's next tokens [S]."""
+    def decode(self, anchors: list[int], starts: list[int], sampling: list[tuple],
+               only: int | None = None) -> list[int]:
+        """One plain step of every stream: anchors[s] at position starts[s]; the target's next tokens [S]
+        (only: the one running stream's slot; the other rows then are 0)."""
+        if self._one(only):
+            suffix, extra = self._sampling_one(sampling[only])
+            chosen = self.pair._out(1, 1)
+            self.pair.fn["decode_stream" + suffix](self._i64([[anchors[only]]]), self._where(only),
+                                                   self._i64([starts[only]]), self.pair._pages(starts[only] + 1),
+                                                   *extra, chosen)
+            out = [0] * self.S
+            out[only] = int(self.pair._read(chosen)[0, 0])
+            return out
         suffix, extra = self.sampling(sampling)
         chosen = self.pair._out(self.S, 1)
         self.pair.fn["decode" + suffix](self._i64([[a] for a in anchors]), self._i64(starts),
                                         self.pair._pages(max(starts) + 1), *extra, chosen)
         return [int(t) for t in self.pair._read(chosen)[:, 0]]
 
-    def verify_draft(self, blocks: list[list[int]], starts: list[int], n_draft: list[int], sampling: list[tuple]):
+    def verify_draft(self, blocks: list[list[int]], starts: list[int], n_draft: list[int], sampling: list[tuple],
+                     only: int | None = None):
         """One round of every stream in one call: verify blocks[s] (block_size ids) at starts[s], the
         device's acceptance count over n_draft[s] drafts, and the next draft after the bonus token.
+        only: the one running stream's slot (the other rows of the results then are 0).
 
         Returns:
             (chosen int64 [S, B], next drafts int64 [S, B - 1], the device's accepted rows [S]).
         """
-        suffix, extra = self.sampling(sampling)
         B = self.B
-        packed = self.pair._out(self.S, 2 * B)
-        self.pair.fn["verify_draft" + suffix](self._i64(blocks), self._i64(starts), self._i64(n_draft),
-                                              self.pair._pages(max(starts) + B), *extra, packed)
-        row = self.pair._read(packed)
+        if self._one(only):
+            suffix, extra = self._sampling_one(sampling[only])
+            packed = self.pair._out(1, 2 * B)
+            self.pair.fn["verify_draft_stream" + suffix](
+                self._i64([blocks[only]]), self._where(only), self._i64([starts[only]]), self._i64([n_draft[only]]),
+                self.pair._pages(starts[only] + B), *extra, packed)
+            row = np.zeros((self.S, 2 * B), np.int64)
+            row[only] = self.pair._read(packed)[0]
+        else:
+            suffix, extra = self.sampling(sampling)
+            packed = self.pair._out(self.S, 2 * B)
+            self.pair.fn["verify_draft" + suffix](self._i64(blocks), self._i64(starts), self._i64(n_draft),
+                                                  self.pair._pages(max(starts) + B), *extra, packed)
+            row = self.pair._read(packed)
         return row[:, :B], row[:, B:2 * B - 1], row[:, 2 * B - 1]
 
     def verify_rows(self, R: int, blocks: list[list[int]], starts: list[int], n_draft: list[int], sampling: list[tuple]):
@@ -121,10 +172,22 @@ class StreamCalls:
         row = self.pair._read(packed)
         return row[:, :R], row[:, R:R + B - 1], row[:, R + B - 1], self.pair._read(confidence)
 
-    def plain_step(self, anchors: list[int], starts: list[int], sampling: list[tuple]) -> list[int]:
+    def plain_step(self, anchors: list[int], starts: list[int], sampling: list[tuple],
+                   only: int | None = None) -> list[int]:
         """One plain step of every stream that keeps the drafter's context: `prefill` of one row per
         stream (anchors[s] at starts[s]), then `absorb` of its taps, so that a later drafted round
-        finds every committed position in the context cache (`decode` returns no taps)."""
+        finds every committed position in the context cache (`decode` returns no taps). only: the
+        one running stream's slot (`prefill_stream` + `absorb_stream`; the other rows then are 0)."""
+        if self._one(only):
+            suffix, extra = self._sampling_one(sampling[only])
+            chosen = self.pair._out(1, 1)
+            where, start = self._where(only), self._i64([starts[only]])
+            taps = self.pair.fn["prefill_stream" + suffix](self._i64([[anchors[only]]]), where, start,
+                                                           self.pair._pages(starts[only] + 1), *extra, chosen)
+            self.pair.fn["absorb_stream"](taps, where, start)
+            out = [0] * self.S
+            out[only] = int(self.pair._read(chosen)[0, 0])
+            return out
         suffix, extra = self.sampling(sampling)
         chosen = self.pair._out(self.S, 1)
         starts_arg = self._i64(starts)

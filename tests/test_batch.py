@@ -3,8 +3,11 @@ shared session compile): every request run while others join and leave at other 
 lengths, greedy, seeded at other temperatures, plain) gives the tokens it gives alone, and those of
 plain decoding of the eager target. A scripted drafter plants wrong tokens so that rounds accept
 0..block_size-1 drafts and roll back on the device; the planted control, a batch engine that leaks
-stream 0's length into stream 1, must fail the same check. Also the engine protocol: events,
-cancel, capacity and bad input.
+stream 0's length into stream 1, must fail the same check. A round with one stream running calls
+the module's one-stream form (`verify_draft_stream`, `decode_stream`; runtime/stream_calls.py), so
+the runs above switch forms mid-request as requests join and leave; that form alone equals the
+S-stream form alone and plain decoding, and a planted one-stream call told another slot fails.
+Also the engine protocol: events, cancel, capacity and bad input.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from dflash_iree.export.reference import SamplingConfig, generate_plain
 from dflash_iree.runtime.batch import BatchEngine
 from dflash_iree.runtime.engine import Engine
 from dflash_iree.runtime.options import GenerateOptions as G
+from dflash_iree.runtime.stream_calls import StreamCalls
 
 BLOCK, VOCAB = 8, 512
 # prompt (none a prefix of another), options, the step it is added at (when a slot is free)
@@ -64,6 +68,19 @@ class LeakyBatchEngine(BatchEngine):
         if all(s is not None and not s.req.done for s in streams[:2]):
             starts[1] = starts[0]
         return starts
+
+
+class WrongSlotCalls(StreamCalls):
+    """The planted control of the one-stream form: its calls name the next slot, not the stream's."""
+
+    def _where(self, only):
+        return super()._where((only + 1) % self.S)
+
+
+class WrongSlotBatchEngine(BatchEngine):
+    def __init__(self, engine, **kw):
+        super().__init__(engine, **kw)
+        self.calls = WrongSlotCalls(engine.module, self.capacity)
 
 
 @pytest.fixture(scope="module")
@@ -128,6 +145,53 @@ def test_solo_equals_together_with_the_compiled_drafter(engine, truths):
 
 def test_planted_length_leak_fails(engine, truths):
     assert failures(engine, truths, cls=LeakyBatchEngine)
+
+
+def counting(monkeypatch, engine) -> dict[str, int]:
+    """Entry-point name -> calls from here on (the module's functions wrapped for this test)."""
+    counts: dict[str, int] = {}
+    for name, fn in list(engine.module.fn.items()):
+        def wrapped(*args, _name=name, _fn=fn):
+            counts[_name] = counts.get(_name, 0) + 1
+            return _fn(*args)
+        monkeypatch.setitem(engine.module.fn, name, wrapped)
+    return counts
+
+
+def test_together_switches_between_the_forms(engine, truths, monkeypatch):
+    """REQUESTS together run rounds of both forms (one stream alone at the start and the end), with
+    the tokens of plain decoding (test_solo_equals_together_equals_plain checks them)."""
+    counts = counting(monkeypatch, engine)
+    run_together(BatchEngine(engine.with_seams(proposer=Oracle(truths))))
+    for form in ("verify_draft", "verify_draft_stream"):  # greedy or sampled: any sampled stream makes a round so
+        assert counts.get(form, 0) + counts.get(form + "_sampled", 0) > 0, form
+
+
+@pytest.mark.parametrize("proposer", [True, False])
+def test_one_stream_form_equals_the_stream_form_alone(engine, truths, monkeypatch, proposer):
+    """Each request alone, greedy and seeded, drafted and plain: the one-stream form (no S-stream
+    round called) == the S-stream form == plain decoding; planted, the one-stream calls told the next
+    slot: not the tokens of plain decoding."""
+    seamed = engine.with_seams(proposer=Oracle(truths)) if proposer else engine
+    counts = counting(monkeypatch, engine)
+    one, every, wrong = BatchEngine(seamed), BatchEngine(seamed, one_stream=False), WrongSlotBatchEngine(seamed)
+    bad = 0
+    for prompt, o, _ in REQUESTS:
+        truth = truths[tuple(prompt)][len(prompt):len(prompt) + o.max_new_tokens]
+        before = dict(counts)
+        got = one.generate_many([prompt], o)[0].tokens
+        stream_calls = {k: v - before.get(k, 0) for k, v in counts.items() if v != before.get(k, 0)}
+        assert not {"verify_draft", "verify_draft_sampled", "decode", "decode_sampled"} & set(stream_calls)
+        assert got == truth
+        assert every.generate_many([prompt], o)[0].tokens == truth
+        bad += wrong.generate_many([prompt], o)[0].tokens != truth
+    assert counts.get("decode_stream", 0) and counts.get("decode_stream_sampled", 0)
+    assert counts.get("verify_draft_stream", 0) and counts.get("verify_draft_stream_sampled", 0)
+    assert bad == len(REQUESTS)
+
+
+def test_planted_wrong_slot_fails_together(engine, truths):
+    assert failures(engine, truths, cls=WrongSlotBatchEngine)
 
 
 def test_scripted_rounds_accept_every_count(engine, truths):

@@ -1,6 +1,8 @@
 """The stream dimension S: the per-stream prefill and absorb (export/stream_entry_points.py) write
 one stream's slot and nothing else, eagerly; and the tiny pair compiled with --streams 4 for the
-host (the session's shared `streams_artifacts`) has S-shaped entry points and the per-stream ones.
+host (the session's shared `streams_artifacts`) has S-shaped entry points and the per-stream ones;
+the one-stream round and step (`verify_draft_stream`, `decode_stream`) equal the S-stream call's
+row of their slot and touch no other slot, eagerly, with a planted wrong slot that must differ.
 S > 1 modules compile for sm_80 and gfx1151 too since export/qwen3.py `cache_rows` gives each layer
 its own index vector (before, a [1, ?] i64 slice in the cache write failed CUDA translation;
 experiments/2026-12-02-streams-sm80/); no GPU compile runs here, its form is tested below."""
@@ -9,11 +11,15 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from dflash_iree.export.load import load_pair
 from dflash_iree.export.qwen3 import cache_rows
-from dflash_iree.export.stream_entry_points import drafter_absorb_stream, target_prefill_stream
+from dflash_iree.export import entry_points as E
+from dflash_iree.export import stream_entry_points as SE
+from dflash_iree.export.aot import Pair
+from dflash_iree.export.stream_entry_points import drafter_absorb_stream, target_step_stream
 
 CONTEXT = 256
 
@@ -30,7 +36,7 @@ def test_prefill_stream_writes_its_slot_only(target_dir, drafter_dir):
     prompt = torch.tensor([[7, 300, 12, 99, 5, 41]])
     chosen, _, taps = one_t(prompt, torch.tensor([0]), last_only=True)
     one_d.absorb(taps, torch.tensor([0]))
-    got, got_taps = target_prefill_stream(three_t, prompt, torch.tensor([2]), torch.tensor([0]), 64, None)
+    got, got_taps = target_step_stream(three_t, prompt, torch.tensor([2]), torch.tensor([0]), 64, None, True)
     drafter_absorb_stream(three_d, got_taps, torch.tensor([2]), torch.tensor([0]))
     assert torch.equal(got, chosen) and torch.allclose(got_taps, taps, atol=1e-5)
     T = prompt.shape[1]
@@ -38,6 +44,69 @@ def test_prefill_stream_writes_its_slot_only(target_dir, drafter_dir):
         assert torch.allclose(three[2, :, :, :T], one[0, :, :, :T], atol=1e-5)
         assert torch.equal(three[2, :, :, T:], before[2, :, :, T:])
         assert torch.equal(three[:2], before[:2])
+
+
+def _filled(pair: Pair) -> Pair:
+    """pair with every cache slot holding noise: a call that reads or writes another slot shows."""
+    for cache in (pair.target.kv_cache, pair.drafter.ctx_cache):
+        cache.normal_()
+    return pair
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("drafter", ["drafter_dir", "dflash2_sliding_dir"])
+def test_one_stream_calls_equal_the_stream_row(target_dir, drafter, request):
+    """`verify_draft_stream` / `decode_stream` (+ `_sampled`) in slot 1 of a 3-stream pair: the
+    round and taps of row 1 of `verify_draft` / `decode` on the same caches, slot 1's cache rows
+    the same after, every other slot untouched. The planted control, the one-stream call told slot 2,
+    must differ. With the v1 drafter and a DFlash2 one whose layers all slide (its ring cache)."""
+    drafter_dir = request.getfixturevalue(drafter)
+    B, pages = 8, torch.zeros(4, dtype=torch.int8)  # 64 rows read
+    tokens = torch.tensor([[5, 9, 300, 41, 41, 7, 2, 8], [7, 300, 12, 99, 5, 41, 3, 3], [1, 2, 3, 4, 5, 6, 7, 8]])
+    start, n_draft = torch.tensor([20, 33, 12]), torch.tensor([7, 4, 0])
+    torch.manual_seed(0)
+    base = _filled(Pair(*load_pair(target_dir, drafter_dir, CONTEXT, streams=3, block_size=B)))
+    saved = [base.target.kv_cache.clone(), base.drafter.ctx_cache.clone()]
+    sampling = (torch.tensor([0.0, 0.9, 1.3]), torch.tensor([0, 20, 0]), torch.tensor([1.0, 0.9, 1.0]),
+                torch.tensor([0, 4, 7]))
+
+    def fresh():
+        base.target.kv_cache.copy_(saved[0])
+        base.drafter.ctx_cache.copy_(saved[1])
+        return base
+
+    def caches(pair):
+        return pair.target.kv_cache.clone(), pair.drafter.ctx_cache.clone()
+
+    def check(slot, want_slot=1):
+        failures = []
+        for sampled in (False, True):
+            extra = sampling if sampled else ()
+            one = tuple(x[want_slot:want_slot + 1] for x in extra)
+            sfx = "_sampled" if sampled else ""
+            rnd = torch.zeros(3, 2 * B, dtype=torch.int64)
+            taps = E.BODIES["verify_draft" + sfx](fresh(), tokens, start, n_draft, pages, *extra, rnd)
+            want = caches(base)
+            rnd1 = torch.zeros(1, 2 * B, dtype=torch.int64)
+            taps1 = SE.STREAM_BODIES["verify_draft_stream" + sfx](fresh(), tokens[1:2], torch.tensor([slot]),
+                                                                   start[1:2], n_draft[1:2], pages, *one, rnd1)
+            got = caches(base)
+            if not (torch.equal(rnd1, rnd[1:2]) and torch.allclose(taps1, taps[1:2], atol=1e-5)):
+                failures.append(f"verify_draft_stream{sfx}: round or taps differ")
+            for w, g, s in zip(want, got, saved):
+                if not (torch.allclose(g[1], w[1], atol=1e-5) and torch.equal(g[[0, 2]], s[[0, 2]])):
+                    failures.append(f"verify_draft_stream{sfx}: cache slots differ")
+            ch = torch.zeros(3, 1, dtype=torch.int64)
+            E.BODIES["decode" + sfx](fresh(), tokens[:, :1], start, pages, *extra, ch)
+            ch1 = torch.zeros(1, 1, dtype=torch.int64)
+            SE.STREAM_BODIES["decode_stream" + sfx](fresh(), tokens[1:2, :1], torch.tensor([slot]), start[1:2], pages,
+                                                    *one, ch1)
+            if not torch.equal(ch1, ch[1:2]) or not torch.equal(base.target.kv_cache[0], saved[0][0]):
+                failures.append(f"decode_stream{sfx} differs")
+        return failures
+
+    assert check(1) == []
+    assert check(2)  # planted: slot 2 written and read while row 1's round is compared
 
 
 def test_cache_rows_of_several_streams():
@@ -62,5 +131,9 @@ def test_four_streams_manifest(streams_artifacts):
     assert [a["name"] for a in e["prefill_stream_sampled"]["args"]] == [
         "tokens", "stream", "start", "pages", "temperature", "top_k", "top_p", "seed", "chosen"]
     assert e["prefill_stream"]["args"][0]["shape"] == [1, "T"] and e["absorb_stream"]["args"][1]["shape"] == [1]
+    assert [a["name"] for a in e["verify_draft_stream_sampled"]["args"]] == [
+        "tokens", "stream", "start", "n_draft", "pages", "temperature", "top_k", "top_p", "seed", "round"]
+    assert e["verify_draft_stream"]["args"][0]["shape"] == [1, 8] and e["verify_draft_stream"]["args"][-1]["shape"] == [1, 16]
+    assert e["decode_stream"]["args"][0]["shape"] == [1, 1] and e["decode_stream_sampled"]["writes"] == ["chosen"]
     assert m["state"]["globals"]["target.kv_cache"]["shape"][0] == 4
     assert m["splices"]["topk"]
