@@ -1,4 +1,8 @@
-"""4-bit linears and embeddings of the eager reference: packed weights kept packed, dequantized per call.
+"""4-bit linears and embeddings, eager and exported: packed weights kept packed, dequantized per call.
+
+Exported (the host's compiled path, export/aot.py `build_pair`), the same modules put their packed
+tensors in the module as external parameters under the checkpoint's keys and `dequantize` in the
+graph; MLX's words are recorded as `u32` in the manifest (`QuantLinear.stored_dtypes`).
 
 The formats and their checks are dflash_iree/quant.py's; this file holds the torch side:
 - `QuantLinear` / `QuantEmbedding`: parameters named and shaped as the checkpoint stores them
