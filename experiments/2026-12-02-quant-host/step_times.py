@@ -22,7 +22,8 @@ ROOT = HERE.parents[1]
 WORK = ROOT / "build" / "quant-host"  # git-ignored
 TARGET, DRAFTER = ROOT / "models" / "demo" / "target", ROOT / "models" / "demo" / "drafter"
 MLX = WORK / "target-mlx4"
-ARMS = {"bf16": (TARGET, WORK / "host-bf16"), "mlx4": (MLX, WORK / "host-mlx4")}
+RESULTS = "results.json"
+ARMS = {"float": (TARGET, WORK / "host-bf16"), "mlx4": (MLX, WORK / "host-mlx4")}
 
 
 def prepare() -> None:
@@ -70,19 +71,24 @@ def run(rounds: int, steps: int) -> None:
     result = {name: {k: {"median_ms": statistics.median(v), "all_ms": v} for k, v in t.items()} | {"target": weights[name]}
               for name, t in times.items()}
     result["rounds"], result["steps"] = rounds, steps
-    (HERE / "results.json").write_text(json.dumps(result, indent=1) + "\n")
-    print(f"| module | decode ms | verify({engines['bf16'].block_size}) ms | verify/decode | target bytes | dispatches |")
+    (HERE / RESULTS).write_text(json.dumps(result, indent=1) + "\n")
+    print(f"| module | decode ms | verify({engines['float'].block_size}) ms | verify/decode | target bytes | dispatches |")
     print("|---|---|---|---|---|---|")
     for name in engines:
         d, v = result[name]["decode"]["median_ms"], result[name]["verify"]["median_ms"]
         b = sum(x for k, x in weights[name].items() if k != "dispatches")
         print(f"| {name} | {d:.3f} | {v:.3f} | {v / d:.2f} | {b / 2**20:.1f} MiB | {weights[name]['dispatches']} |")
-    r = {k: result["mlx4"][k]["median_ms"] / result["bf16"][k]["median_ms"] for k in ("decode", "verify")}
-    print(f"mlx4 / bf16: decode {r['decode']:.2f}x, verify {r['verify']:.2f}x the time")
+    r = {k: result["mlx4"][k]["median_ms"] / result["float"][k]["median_ms"] for k in ("decode", "verify")}
+    print(f"mlx4 / float: decode {r['decode']:.2f}x, verify {r['verify']:.2f}x the time")
 
 
 if __name__ == "__main__":
     args = sys.argv[1:]
+    if "--arms" in args:  # --arms FLOAT_DIR MLX4_DIR: two compiled folders of one shape, in place of the demo's
+        i = args.index("--arms")
+        ARMS.update({"float": (None, Path(args[i + 1])), "mlx4": (None, Path(args[i + 2]))})
+        del args[i:i + 3]
+        RESULTS = "results_tiny.json"
     if args[:1] == ["prepare"]:
         prepare()
     else:
