@@ -61,6 +61,7 @@ DTYPES: dict[str, DType] = {
     "f64": DType("float64", "float64", "F64", 8),
     "i64": DType("int64", "int64", "I64", 8),
     "i32": DType("int32", "int32", "I32", 4),
+    "u32": DType("uint32", "uint32", "U32", 4),  # MLX's packed 4-bit words (dflash_iree/quant.py)
     "i8": DType("int8", "int8", "I8", 1),
     "i1": DType("bool", "bool", "BOOL", 1),
 }

@@ -217,7 +217,8 @@ def find_layers(index: dict, fmt: QuantFormat, shapes: dict[str, tuple[int, int]
     often lm_head). Every quantized layer's tensors are checked against [N, K] and the group size.
 
     Raises:
-        DFlashError: listing every packed tensor of the wrong shape or dtype, with the fix.
+        DFlashError: one line naming the first packed tensor of the wrong shape or dtype, how many
+            more there are, and the fix.
     """
     out, problems = {}, []
     g = fmt.group_size
@@ -246,10 +247,10 @@ def find_layers(index: dict, fmt: QuantFormat, shapes: dict[str, tuple[int, int]
         else:
             continue
         out[prefix] = QuantLayer(prefix, N, K, fmt, keys)
-    if problems:
-        more = f"\n  ... and {len(problems) - 12} more" if len(problems) > 12 else ""
+    if problems:  # one line: the first problem and a count (a wrong file mismatches every layer)
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise DFlashError(f"checkpoint {folder}: packed 4-bit tensors do not match its config.json ({fmt.method}, "
-                          f"group_size {g}); download or quantize it again:\n  " + "\n  ".join(problems[:12]) + more)
+                          f"group_size {g}): {problems[0]}{more}; download or quantize it again")
     return out
 
 

@@ -96,6 +96,12 @@ def build_pair(tcfg: TargetConfig, dcfg: DrafterConfig, max_context: int, block_
         drafter = drafter_class(dcfg)(dcfg, max_context, block_size, streams, dtype, attention=attention)
         if dcfg.dflash2 is not None:  # one top-K shape in the module (export/dflash2.py CandidateSelector)
             drafter.candidate_selector.op_top_k = max(dcfg.dflash2.selector_top_k, draft_top_k)
+    # A 4-bit checkpoint's packed layers become export/quantized.py's modules, named and typed as the
+    # checkpoint stores them (its safetensors headers only are read); the dequantization is in the graph.
+    from .load import read_quantized, tie_embeddings
+
+    target = tie_embeddings(read_quantized(target, tcfg.folder, dtype))
+    drafter = read_quantized(drafter, dcfg.folder, dtype)
     pair = Pair(target, drafter, draft_top_k).eval()
     pair.requires_grad_(False)
     return pair
@@ -113,9 +119,16 @@ def state_globals(pair: Pair) -> dict[str, torch.Tensor]:
 
 def parameter_table(pair: Pair) -> dict[str, dict[str, dict]]:
     """scope -> key -> {shape, dtype}: the checkpoint tensors the module binds (tied ones once)."""
+    from .quantized import QuantLinear
+
     out = {}
     for scope, module in ((TARGET_SCOPE, pair.target), (DRAFTER_SCOPE, pair.drafter)):
         out[scope] = {k: {"shape": list(p.shape), "dtype": DTYPE_NAMES[p.dtype]} for k, p in module.named_parameters()}
+        for prefix, m in module.named_modules():  # MLX's uint32 words: bound as stored, held as int32
+            if isinstance(m, QuantLinear):
+                for name, stored in m.stored_dtypes.items():
+                    if f"{prefix}.{name}" in out[scope]:
+                        out[scope][f"{prefix}.{name}"]["dtype"] = stored
     return out
 
 

@@ -68,6 +68,8 @@ class Plan:
     state: dict = field(default_factory=dict)  # module-initialized globals (the caches)
     export_s: float = 0.0
     export_reused: bool = False  # the MLIR came from the export cache
+    quantization: dict = field(default_factory=dict)  # scope -> dflash_iree.quant.QuantFormat or None
+    quant_records: dict = field(default_factory=dict)  # scope -> the manifest's quantization entry (export)
 
 
 MAX_STREAMS = 64  # each stream is a whole KV cache slot (S x max_context rows); more is a memory mistake
@@ -86,18 +88,20 @@ def plan(target_dir: str | Path, drafter_dir: str | Path, block_size: int | None
     at most the vocabulary; 0 compiles no such entry point.
     attention: the attention form to export, the target arch's `Arch.attention`.
     target_bits, drafter_bits: quantize on load (dflash_iree/quant.py): checked, and refused while the
-        compiled module has no packed-weight matmul (issue #28; the eager reference runs them).
+        runtime cannot quantize as it binds (issue #28; the eager reference runs them). A 4-bit MLX
+        or compressed-tensors checkpoint is read as its config.json says (`Plan.quantization`).
 
     Raises:
         DFlashError: a missing config, an unsupported family, a drafter that does not fit the
             target, block_size / max_context / dtype / streams (a hybrid target: above 1) / draft_top_k
-            out of range, a 4-bit checkpoint or bits option (not compiled yet).
+            out of range, a bits option (not compiled yet), a 4-bit format dflash_iree/quant.py
+            refuses, a GGUF folder, or a 4-bit hybrid target.
     """
     from dflash_iree.kernels.topk import MAX_K
 
     tcfg = load_target_config(target_dir)
     dcfg = load_drafter_config(drafter_dir, tcfg)
-    _refuse_4bit(tcfg, dcfg, target_bits, drafter_bits)
+    formats = _check_4bit(tcfg, dcfg, target_bits, drafter_bits)
     block = dcfg.block(block_size, "--block-size")
     limit = tcfg.max_position_embeddings
     if max_context is None:  # 4096, or less when the target was trained on less (vLLM's max_model_len default)
@@ -122,24 +126,41 @@ def plan(target_dir: str | Path, drafter_dir: str | Path, block_size: int | None
         raise DFlashError(f"--draft-top-k {draft_top_k} is out of range: use 1..{most} (the top-K kernel's limit, "
                           "and at most the vocabulary), or 0 for no draft_topk entry point")
     return Plan(tcfg, dcfg, block, max_context, dtype, streams, sampled, draft_top_k, attention,
-                prefill_chunk=hybrid.prefill_chunk(tcfg))
+                prefill_chunk=hybrid.prefill_chunk(tcfg), quantization=formats)
 
 
-def _refuse_4bit(tcfg: TargetConfig, dcfg: DrafterConfig, target_bits, drafter_bits) -> None:
-    """4-bit weights compile once the module keeps them packed (issue #28); until then one line says
-    so and names what runs them: the eager reference (`dflash-iree eager`)."""
+def _check_4bit(tcfg: TargetConfig, dcfg: DrafterConfig, target_bits, drafter_bits) -> dict:
+    """The 4-bit formats of the two checkpoints (scope -> QuantFormat or None), checked for compiling.
+
+    A 4-bit MLX or compressed-tensors checkpoint compiles: its packed tensors are module parameters
+    bound from the safetensors as stored, dequantized in the graph (export/quantized.py). Refused,
+    one line each: quantize on load (the runtime would have to quantize the bf16 tensors as it binds
+    them, which it does not yet), and a 4-bit Qwen3.5-family hybrid target.
+    """
     from dflash_iree import quant
 
+    formats = {}
     for scope, cfg, bits in (("target", tcfg, target_bits), ("drafter", dcfg, drafter_bits)):
         if quant.check_bits(bits, f"--{scope}-bits") is not None:
-            raise DFlashError(f"--{scope}-bits {bits}: quantize on load is not compiled yet (the compiled module has "
-                              f"no packed-weight matmul); dflash-iree eager --{scope}-bits {bits} runs it, or leave "
-                              f"--{scope}-bits out")
-        fmt = quant.read_format(cfg.raw, Path(cfg.folder) / "config.json")
-        if fmt is not None:
-            raise DFlashError(f"{cfg.folder}: {fmt.method} 4-bit {scope} checkpoints are not compiled yet (the compiled "
-                              "module has no packed-weight matmul); dflash-iree eager reads them, or compile a bf16 "
-                              f"{scope}")
+            raise DFlashError(f"--{scope}-bits {bits}: quantize on load is not compiled yet (the runtime binds "
+                              "checkpoint tensors as stored and has no quantizing binder); compile a 4-bit MLX or "
+                              f"compressed-tensors {scope} checkpoint, run dflash-iree eager --{scope}-bits {bits}, "
+                              f"or leave --{scope}-bits out")
+        formats[scope] = quant.read_format(cfg.raw, Path(cfg.folder) / "config.json")
+    if formats["target"] is not None and hybrid.is_hybrid(tcfg):
+        raise DFlashError(f"{tcfg.folder}: 4-bit {tcfg.family} (Qwen3.5-family) targets are not compiled yet; "
+                          "compile a bf16 checkpoint of it")
+    return formats
+
+
+def _refuse_4bit_arch(p: "Plan", arch: Arch) -> None:
+    """4-bit weights compile for the host only: on a GPU arch the dequantization would be a dispatch
+    writing every dequantized weight (issue #28), and the packed-weight GEMM kernel is not written."""
+    quantized = [s for s, f in p.quantization.items() if f is not None]
+    if quantized and arch.driver != "local-task":
+        raise DFlashError(f"--arch {arch.name}: 4-bit {' and '.join(quantized)} weights have no packed-weight GEMM "
+                          f"kernel (kernels/gemm) for {arch.name} yet; compile them for --arch host, or compile a bf16 "
+                          "checkpoint for this arch")
 
 
 class Progress:
@@ -167,9 +188,12 @@ def _build_pair(p: Plan):
 def _describe(p: Plan, pair) -> None:
     """Fill the plan's entry points, parameter table and module state from the (meta) pair."""
     from dflash_iree.export import aot
+    from dflash_iree.export.load import quant_record
 
     p.entries = aot.entry_points(aot.export_shapes(p), p.sampled)
     p.parameters = aot.parameter_table(pair)
+    p.quant_records = {scope: quant_record(module, cfg.folder) for scope, module, cfg in
+                       (("target", pair.target, p.target), ("drafter", pair.drafter, p.drafter))}
     p.state = {name: {"shape": list(b.shape), "dtype": aot.DTYPE_NAMES[b.dtype], "bytes": b.numel() * b.element_size()}
                for name, b in aot.state_globals(pair).items()}
 
@@ -222,10 +246,26 @@ def export_key(p: Plan) -> str:
         "drafter": {k: v for k, v in p.drafter.to_dict().items() if k != "folder"},
         "options": [p.block_size, p.max_context, p.dtype, p.streams, p.sampled, p.draft_top_k, p.attention,
                     p.prefill_chunk],
+        # the packed layers' names, dtypes and shapes are the module's parameters: a 4-bit and a bf16
+        # checkpoint of one config export differently, as do two group sizes or formats
+        "quantization": {s: (f.to_dict() if f else None) for s, f in p.quantization.items()},
+        "quantized_tensors": _quantized_tensors(p),
         "versions": [_version(d) for d in ("torch", "iree-turbine", "iree-base-compiler")],
         "sources": [hashlib.sha256(f.read_bytes()).hexdigest() for f in sources],
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _quantized_tensors(p: Plan) -> dict:
+    """scope -> sorted (key, dtype, shape) of a 4-bit checkpoint's tensors (headers only; {} for float
+    checkpoints): which layers a format left unquantized and the scales' dtype are in the export."""
+    from dflash_iree.checkpoint import index_checkpoint
+
+    out = {}
+    for scope, cfg in (("target", p.target), ("drafter", p.drafter)):
+        if p.quantization.get(scope) is not None:
+            out[scope] = sorted((k, i.dtype, list(i.shape)) for k, i in index_checkpoint(cfg.folder).items())
+    return out
 
 
 def export_cached(p: Plan, work: Path, log=None, use_cache: bool = True) -> Path:
@@ -259,7 +299,7 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def _config_entry(cfg, out: Path) -> dict:
+def _config_entry(cfg, out: Path, quantization: dict | None = None) -> dict:
     """A checkpoint's manifest entry. Its folder twice: `folder` absolute, and `folder_relative` to the
     artifact folder `out`, so that artifacts moved together with their checkpoints still find them
     (runtime/artifacts.py `recorded_folder`; none where no relative path exists, another drive)."""
@@ -269,7 +309,8 @@ def _config_entry(cfg, out: Path) -> dict:
         entry["folder_relative"] = os.path.relpath(folder, out.resolve())
     except ValueError:
         pass
-    return {**entry, "config_hash": config_hash(cfg.raw), "config": cfg.to_dict(), "raw_config": cfg.raw}
+    return {**entry, "config_hash": config_hash(cfg.raw), "config": cfg.to_dict(), "raw_config": cfg.raw,
+            "quantization": quantization}
 
 
 def manifest(p: Plan, arch: Arch, flags: list[str], stats: dict, files: dict, requested: str, note: str,
@@ -289,8 +330,8 @@ def manifest(p: Plan, arch: Arch, flags: list[str], stats: dict, files: dict, re
         flags=flags,
         splice_flags=list(splice_flags),
         splices=splices or {},  # what export/splice.py replaced, and its rules (splice_file's report)
-        target=_config_entry(p.target, out),
-        drafter=_config_entry(p.drafter, out),
+        target=_config_entry(p.target, out, p.quant_records.get("target")),
+        drafter=_config_entry(p.drafter, out, p.quant_records.get("drafter")),
         block_size=p.block_size,
         trained_block_size=p.drafter.block_size,
         draft_top_k=p.draft_top_k,
@@ -332,6 +373,7 @@ def lower(p: Plan, arch_name: str, mlir: str | Path, out_dir: str | Path, log=No
     """
     log = log or Progress()
     arch, note = resolve_arch(arch_name)
+    _refuse_4bit_arch(p, arch)
     out = Path(out_dir)
     out_folder.check_destination(out)
     flags = compile_flags(arch, record)
@@ -381,6 +423,7 @@ def compile_artifacts(arch: str, target_dir, drafter_dir, out_dir=None, block_si
                           f"archs only ({', '.join(kernel_archs('norm_rope'))}), not {resolved.name}: compile the 'matmul' form")
     p = plan(target_dir, drafter_dir, block_size, max_context, dtype, streams, sampled, draft_top_k,
              attention or resolved.attention, target_bits=target_bits, drafter_bits=drafter_bits)
+    _refuse_4bit_arch(p, resolved)
     if out_dir is not None and not str(out_dir).strip():
         raise DFlashError("--out is empty; give a folder, or leave --out out for compiled/ARCH")
     out = Path(out_dir) if out_dir is not None else Path("compiled") / resolved.name

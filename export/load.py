@@ -73,6 +73,12 @@ def load_weights(module: nn.Module, folder: str | Path) -> nn.Module:
             owner, _, leaf = name.rpartition(".")
             sub = module.get_submodule(owner) if owner else module
             sub.register_buffer(leaf, torch.zeros(buf.shape, dtype=buf.dtype), persistent=False)
+    return tie_embeddings(module).eval()
+
+
+def tie_embeddings(module: nn.Module) -> nn.Module:
+    """A tied target's lm_head on its embedding's parameters (the float weight, or a packed
+    embedding's tensors as a QuantLinear), after the parameters were replaced or swapped. Returns it."""
     if isinstance(module, Qwen3) and module.cfg.tie_word_embeddings:
         if isinstance(module.model.embed_tokens, QuantEmbedding):
             module.lm_head = module.model.embed_tokens.as_linear()
@@ -80,7 +86,7 @@ def load_weights(module: nn.Module, folder: str | Path) -> nn.Module:
             module.lm_head.weight = module.model.embed_tokens.weight
     if isinstance(module, Qwen35) and module.cfg.tie_word_embeddings:
         module.lm_head.weight = module.body.embed_tokens.weight
-    return module.eval()
+    return module
 
 
 def read_quantized(module: nn.Module, folder: str | Path, compute_dtype: torch.dtype) -> nn.Module:
@@ -100,6 +106,28 @@ def read_quantized(module: nn.Module, folder: str | Path, compute_dtype: torch.d
         layers.pop("lm_head", None)  # tied: the embedding's packed tensors, shared after loading
     dtypes = {k: TORCH_DTYPES.get(i.dtype, torch.int64 if i.dtype == "i64" else torch.int32) for k, i in index.items()}
     return swap_quantized(module, layers, dtypes, compute_dtype)
+
+
+def quant_record(module: nn.Module, folder: str | Path) -> dict | None:
+    """The manifest's `quantization` entry of a module `read_quantized` swapped (None: no packed layer):
+    the format (method, bits, group_size, symmetric), the quantized layer prefixes, and the bytes the
+    module binds, split into packed weights, scales, zeros (MLX biases or compressed-tensors zero
+    points) and the float parameters left in their stored dtype."""
+    folder = Path(folder)
+    fmt = quant.read_format(json.loads((folder / "config.json").read_text()), folder / "config.json")
+    layers = {n: m for n, m in module.named_modules() if isinstance(m, QuantLinearBase)}
+    if fmt is None or not layers:
+        return None
+    sizes = {"packed": 0, "scales": 0, "zeros": 0, "shapes": 0, "float": 0}
+    owned = {}
+    for prefix, m in layers.items():
+        for role, name in m.roles.items():
+            owned[f"{prefix}.{name}"] = {"biases": "zeros", "shape": "shapes"}.get(role, role)
+    for key, p in module.named_parameters():
+        sizes[owned.get(key, "float")] += p.numel() * p.element_size()
+    return {**fmt.to_dict(), "layers": sorted(n for n in layers if n != "lm_head" or not getattr(
+                module, "cfg", None) or not module.cfg.tie_word_embeddings),
+            "bytes": sizes}
 
 
 def _bits_on_load(module: nn.Module, bits: int | None, option: str, stored_dtype: str) -> nn.Module:

@@ -1,4 +1,8 @@
-"""4-bit linears and embeddings of the eager reference: packed weights kept packed, dequantized per call.
+"""4-bit linears and embeddings, eager and exported: packed weights kept packed, dequantized per call.
+
+Exported (the host's compiled path, export/aot.py `build_pair`), the same modules put their packed
+tensors in the module as external parameters under the checkpoint's keys and `dequantize` in the
+graph; MLX's words are recorded as `u32` in the manifest (`QuantLinear.stored_dtypes`).
 
 The formats and their checks are dflash_iree/quant.py's; this file holds the torch side:
 - `QuantLinear` / `QuantEmbedding`: parameters named and shaped as the checkpoint stores them
@@ -25,27 +29,40 @@ from torch import nn
 
 from dflash_iree.quant import CT, MLX, ON_LOAD_GROUP, QuantFormat, QuantLayer, quantize_affine
 
-_SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)
-
-
 def unpack(packed: torch.Tensor) -> torch.Tensor:
     """int32 [R, W] of eight 4-bit values a word (value j in bits 4j..4j+3) -> int32 [R, 8 W] in [0, 15]."""
-    return ((packed[..., None] >> _SHIFTS.to(packed.device)) & 15).reshape(packed.shape[0], -1)
+    # made in place, not a module constant: a moved constant exports as prims.device_put, which
+    # iree-compile cannot legalize
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=packed.device)
+    return torch.bitwise_and(torch.bitwise_right_shift(packed[..., None], shifts), 15).reshape(packed.shape[0], -1)
 
 
 def dequantize(layer: "QuantLinear", dtype: torch.dtype) -> torch.Tensor:
-    """The float weight [N, K] of a packed layer, computed in float32 and rounded to `dtype`."""
-    g = layer.group_size
-    u = unpack(layer.packed()).float()
+    """The float weight [N, K] of a packed layer, computed in float32 and rounded to `dtype`.
+
+    One form for the eager reference and the export (the compiled graph computes exactly these
+    float32 operations): the nibbles as [N, K / g, g], each group's scale and bias or offset
+    broadcast over its g columns (the grouped form of experiments/2026-12-02-quant-fusion/).
+    `PLANTED` set to "no-bias" drops MLX's bias / compressed-tensors' zero point (offset 8): the
+    planted control of the tests, which compiled == eager must catch.
+    """
+    g, N, K = layer.group_size, layer.N, layer.K
+    u = unpack(layer.packed()).reshape(N, K // g, g).float()
     if layer.method == MLX:
-        s = layer.scales.float().repeat_interleave(g, -1)
-        return (s * u + layer.biases.float().repeat_interleave(g, -1)).to(dtype)
-    if layer.symmetric:
-        offset = torch.full_like(layer.weight_scale, 8, dtype=torch.float32)
+        s = layer.scales.float()[..., None]
+        b = layer.biases.float()[..., None]
+        w = s * u if PLANTED == "no-bias" else s * u + b
+        return w.reshape(N, K).to(dtype)
+    if layer.symmetric or PLANTED == "no-bias":
+        offset = torch.full((N, K // g, 1), 8.0, dtype=torch.float32, device=u.device)
     else:  # zero points are packed along the output dim (compressed-tensors packed_dim=0)
-        offset = unpack(layer.weight_zero_point.t().contiguous()).t()[: layer.N].float()
-    w = (u - offset.repeat_interleave(g, -1)) * layer.weight_scale.float().repeat_interleave(g, -1)
-    return w.to(dtype)
+        offset = unpack(layer.weight_zero_point.t().contiguous()).t()[:N].float()[..., None]
+    w = (u - offset) * layer.weight_scale.float()[..., None]
+    return w.reshape(N, K).to(dtype)
+
+
+# The planted control's switch (`dequantize`): None in every real use.
+PLANTED: str | None = None
 
 
 def _param(shape, dtype, device) -> nn.Parameter:
@@ -72,6 +89,9 @@ class QuantLinear(nn.Module):
         self.method, self.group_size, self.symmetric = layer.fmt.method, layer.fmt.group_size, layer.fmt.symmetric
         self.compute_dtype = compute_dtype
         self.roles = {}  # role -> parameter name
+        # parameter name -> the checkpoint's dtype name where the torch parameter's differs (MLX's
+        # uint32 words held as int32): what the manifest's parameter table records and binds
+        self.stored_dtypes = {}
         for role, key in layer.keys.items():
             name = key[len(layer.prefix) + 1:]
             dtype = torch.int32 if role in ("packed", "zeros") else dtypes[key]
@@ -81,6 +101,8 @@ class QuantLinear(nn.Module):
             shape = shape or (self.N, self.K // self.group_size)
             setattr(self, name, _param(shape, dtype, device))
             self.roles[role] = name
+            if role == "packed" and layer.fmt.method == MLX:
+                self.stored_dtypes[name] = "u32"
 
     def packed(self) -> torch.Tensor:
         """int32 [N, K / 8], the packed weight."""
@@ -94,12 +116,13 @@ class QuantLinear(nn.Module):
         """The weight [N, K] in the compute dtype (`dequantize`). Kept between calls while the packed
         tensors are unchanged (their versions): an eager decode step would otherwise dequantize
         every layer again; the cache is never a parameter or buffer, so no checkpoint or export sees it."""
-        key = tuple((p.data_ptr(), p._version) for p in self._parameters.values())
+        if torch.compiler.is_exporting() or torch.compiler.is_compiling():
+            return dequantize(self, self.compute_dtype)  # in the graph, from the bound packed tensors
+        key = tuple((p.data_ptr(), p._version) for p in self._parameters.values()) + (PLANTED,)
         cached = self.__dict__.get("_dequantized")
-        if cached is None or cached[0] != key or torch.compiler.is_compiling():
+        if cached is None or cached[0] != key:
             cached = (key, dequantize(self, self.compute_dtype))
-            if not torch.compiler.is_compiling():
-                self.__dict__["_dequantized"] = cached
+            self.__dict__["_dequantized"] = cached
         return cached[1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

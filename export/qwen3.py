@@ -27,9 +27,11 @@ from .sampling import Sampling, choose_tokens
 
 
 def _named(*linears: nn.Linear) -> bool:
-    """Whether to call the named ops (export/ops.py): while exporting, for linears without a bias
-    (the kernels add none; a biased linear stays IREE's matmul + add)."""
-    return torch.compiler.is_exporting() and all(lin.bias is None for lin in linears)
+    """Whether to call the named ops (export/ops.py): while exporting, for float linears without a
+    bias (the kernels add none; a biased linear stays IREE's matmul + add). A 4-bit linear
+    (export/quantized.py) is its own dequantize + matmul in the graph: no named op takes packed
+    weights yet (the packed GEMM of issue #28), so IREE lowers it (host only, export/compile.py)."""
+    return torch.compiler.is_exporting() and all(lin.bias is None and isinstance(lin, nn.Linear) for lin in linears)
 
 
 def project(x: torch.Tensor, linears) -> list[torch.Tensor]:

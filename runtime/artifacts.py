@@ -4,6 +4,8 @@ Checks made before any work, each with an error that names the file or field and
 - the manifest is whole, of this format version and has every field (dflash_iree/guard.py,
   dflash_iree/manifest.py), and every file it lists exists, with the recorded size and sha256;
 - the device's driver is the manifest's `driver` (an sm_89 module on `hip` is refused by name);
+- each checkpoint's 4-bit format (or float weights) is the one the module was compiled for (one
+  line naming both, `check_quantization`);
 - every parameter key the module needs is in the checkpoint with the recorded shape and dtype,
   all problems listed at once, with the `--dtype` to compile with when only the dtype differs;
   then the checkpoints' parsed config fields that the graph computes with against the manifest's
@@ -11,7 +13,10 @@ Checks made before any work, each with an error that names the file or field and
 The module is mapped read-only, so a read-only artifact folder works.
 
 Weights are bound straight from the HF safetensors files: one `iree.runtime.ParameterIndex` per
-checkpoint (scopes `target` and `drafter`), memory-mapped, never copied through Python objects.
+checkpoint (scopes `target` and `drafter`), memory-mapped, never copied through Python objects. A
+4-bit checkpoint's packed tensors bind the same way, by key, as stored (MLX's uint32 words and
+compressed-tensors' int32 words, their float scales and biases or int32 zero points): the module
+dequantizes them in its graph (export/quantized.py).
 """
 
 from __future__ import annotations
@@ -141,6 +146,35 @@ class Artifacts:
                             f"{self.manifest.dtype}")
         return problems
 
+    def check_quantization(self, scope: str, folder: str | Path) -> None:
+        """The checkpoint's 4-bit format (its config.json, dflash_iree/quant.py) against the one the
+        module was compiled for (the manifest's `SCOPE.quantization`; none: float weights).
+
+        Raises:
+            DFlashError: one line, when they differ (a float checkpoint for a 4-bit module, another
+                format, group size or symmetry), naming both and the fix; or a format quant.py refuses.
+        """
+        import json
+
+        from dflash_iree import quant
+
+        path = Path(folder) / "config.json"
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return  # config_problems names an unreadable config.json
+        fmt = quant.read_format(raw, path) if isinstance(raw, dict) else None
+        have = fmt.to_dict() if fmt else None
+        recorded = (getattr(self.manifest, scope).get("quantization") or None)
+        want = {k: recorded[k] for k in ("method", "bits", "group_size", "symmetric")} if recorded else None
+        if have != want:
+            def say(f):
+                return "float weights" if f is None else (f"{f['method']} {f['bits']}-bit, group {f['group_size']}"
+                                                          + ("" if f["symmetric"] else ", asymmetric"))
+            raise DFlashError(f"{scope} checkpoint {folder} holds {say(have)} but {self.folder / MANIFEST_FILE} was "
+                              f"compiled for {say(want)}; pass the {scope} checkpoint it was compiled from, or compile for "
+                              f"this one: dflash-iree compile --arch {self.arch} --{scope} {folder}")
+
     def bind(self, device, target: str | None = None, drafter: str | None = None, device_name: str | None = None):
         """Load the module on `device` with both checkpoints bound; returns a CompiledPair.
 
@@ -165,6 +199,8 @@ class Artifacts:
         if missing:
             raise DFlashError("\n".join(missing))
         target, drafter = folders["target"], folders["drafter"]
+        for scope, folder in folders.items():
+            self.check_quantization(scope, folder)
         problems = self.check_checkpoint("target", target) + self.check_checkpoint("drafter", drafter)
         problems = problems or guard.config_problems(self.manifest, target, drafter)
         if problems:

@@ -124,3 +124,31 @@ def hybrid_artifacts(tmp_path_factory, hybrid_pair) -> Path:
     out = tmp_path_factory.mktemp("compiled-hybrid") / "host"
     compile_artifacts("host", *hybrid_pair, out, max_context=256, log=Progress(open(os.devnull, "w")))
     return out
+
+
+@pytest.fixture(scope="session")
+def quant_dirs(tiny_dir) -> dict[str, Path]:
+    """4-bit float32 checkpoints of one tiny target, written by the formats' own libraries
+    (tests/quant_writers.py): `mlx` (mlx-lm convert, group 64: every linear, the embedding and the
+    lm_head) and `ct` (compressed-tensors pack-quantized W4A16, asymmetric, group 32, lm_head
+    left float); `float` the float32 target they come from, `drafter` a float32 drafter for it."""
+    from quant_writers import write_compressed_tensors, write_mlx
+
+    target = make_target(tiny_dir / "q-float", seed=1)
+    return {"float": target, "drafter": make_drafter(tiny_dir / "q-drafter", target, seed=1),
+            "mlx": write_mlx(target, tiny_dir / "q-mlx"),
+            "ct": write_compressed_tensors(target, tiny_dir / "q-ct", symmetric=False, dtype="float32")}
+
+
+@pytest.fixture(scope="session")
+def quant_artifacts(tmp_path_factory, quant_dirs) -> dict[str, Path]:
+    """The `mlx` and `ct` 4-bit targets of quant_dirs, each with the float drafter, compiled for the
+    host CPU (block 8, max_context 256, float32), once per session."""
+    from dflash_iree.export.compile import Progress, compile_artifacts
+
+    out = {}
+    for fmt in ("mlx", "ct"):
+        out[fmt] = tmp_path_factory.mktemp(f"compiled-{fmt}") / "host"
+        compile_artifacts("host", quant_dirs[fmt], quant_dirs["drafter"], out[fmt], max_context=256,
+                          log=Progress(open(os.devnull, "w")))
+    return out

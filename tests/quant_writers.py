@@ -23,9 +23,10 @@ def write_mlx(src: Path, out: Path, group_size: int = 64) -> Path:
     return out
 
 
-def write_compressed_tensors(src: Path, out: Path, symmetric: bool, group_size: int = 32) -> Path:
+def write_compressed_tensors(src: Path, out: Path, symmetric: bool, group_size: int = 32, dtype: str = "bfloat16") -> Path:
     """compressed-tensors pack-quantized W4A16 of the float target `src` into `out` (group 32: the tiny
-    target's 64-wide layers hold no group of 128)."""
+    target's 64-wide layers hold no group of 128), the model held in `dtype` (its scales and the
+    unquantized layers are written in it)."""
     import torch
     from compressed_tensors.compressors import ModelCompressor
     from compressed_tensors.quantization import (QuantizationArgs, QuantizationConfig, QuantizationScheme,
@@ -33,7 +34,7 @@ def write_compressed_tensors(src: Path, out: Path, symmetric: bool, group_size: 
     from compressed_tensors.quantization.utils import calculate_qparams
     from transformers import Qwen3ForCausalLM
 
-    model = Qwen3ForCausalLM.from_pretrained(src, dtype=torch.bfloat16)
+    model = Qwen3ForCausalLM.from_pretrained(src, dtype=getattr(torch, dtype))
     args = QuantizationArgs(num_bits=4, type="int", symmetric=symmetric, strategy="group", group_size=group_size)
     cfg = QuantizationConfig(config_groups={"group_0": QuantizationScheme(targets=["Linear"], weights=args)},
                              ignore=["lm_head"], format="pack-quantized")
