@@ -83,3 +83,17 @@ def library_dequantized(folder: Path) -> dict:
             part["weight_scale"] = part["weight_scale"].float()
             out[p] = PackedQuantizationCompressor.decompress(part, scheme)["weight"].float()
     return out
+
+
+def cut_tensor(src: Path, out: Path, key: str, rows: int) -> Path:
+    """A copy of the MLX checkpoint folder src at out whose tensor `key` keeps only its first `rows`
+    rows: a packed tensor of the wrong shape, for the refusal tests."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    shutil.copytree(src, out)
+    tensors = load_file(str(out / "model.safetensors"))
+    tensors[key] = tensors[key][:rows].copy()
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "mlx"})
+    return out

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 from badinput import assert_refused, cli
-from quant_writers import library_dequantized, write_compressed_tensors, write_mlx
+from quant_writers import cut_tensor, library_dequantized, write_compressed_tensors, write_mlx
 from test_exactness import broken_accept, run_exactness
 from tiny import make_drafter, make_target
 
@@ -189,14 +189,8 @@ def test_compile_refuses_and_writes_nothing(bad, qdirs, case, capsys, tmp_path):
 
 
 def test_packed_tensor_of_the_wrong_shape_is_refused(qdirs, tmp_path, capsys):
-    from safetensors.numpy import load_file, save_file
-
-    folder = tmp_path / "cut"
-    shutil.copytree(qdirs["mlx"], folder)
-    tensors = load_file(str(folder / "model.safetensors"))
     key = "model.layers.1.mlp.up_proj.scales"
-    tensors[key] = tensors[key][:64].copy()
-    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "mlx"})
+    folder = cut_tensor(qdirs["mlx"], tmp_path / "cut", key, 64)
     rc, _, err = cli(capsys, "eager", "--target", folder, "--prompt-ids", "1 2", "--max-new-tokens", "2")
     assert_refused(rc, err, key, "expected shape [128, 1], found [64, 1]", "quantize it again")
 

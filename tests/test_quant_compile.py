@@ -23,7 +23,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from badinput import assert_refused, cli
-from test_exactness import BLOCK, PROMPTS, SAMPLINGS, ScriptedDrafter, broken_accept
+from quant_writers import cut_tensor
+from test_exactness import PROMPTS, SAMPLINGS, broken_accept
+from test_runtime import _kw, _scripted
 
 from dflash_iree.acceptance import accept_length
 from dflash_iree.errors import DFlashError
@@ -33,10 +35,6 @@ from dflash_iree.export.reference import generate_plain
 from dflash_iree.runtime.engine import Engine
 
 FORMATS = ("mlx", "ct")
-
-
-def _kw(s):
-    return dict(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed)
 
 
 @pytest.fixture(scope="module")
@@ -60,19 +58,6 @@ def test_compiled_4bit_equals_eager(engines, eagers, quant_dirs, fmt, name):
         assert engine.generate(prompt, 40, **_kw(s)).tokens == ref
     # the packed weights are what the module reads: the float target of the same seed differs
     assert ref != generate_plain(float_target, prompt, 40, s).tokens
-
-
-def _scripted(engine, eager, accept, sampling):
-    failures, prompt, plan = [], PROMPTS[0], [0, 3, 7, 1, 6, 2, 5, 4]
-    needed = sum(a + 1 for a in plan) + BLOCK
-    truth = list(prompt) + generate_plain(eager[0], prompt, needed, sampling).tokens
-    gen = engine.with_seams(proposer=ScriptedDrafter(truth, plan), accept=accept).generate(prompt, needed - BLOCK,
-                                                                                          **_kw(sampling))
-    if gen.tokens != truth[len(prompt):len(prompt) + needed - BLOCK]:
-        failures.append("tokens differ from plain")
-    if gen.accepted[: len(plan)] != plan:
-        failures.append(f"measured accepted {gen.accepted[:len(plan)]} != planted {plan}")
-    return failures
 
 
 @pytest.mark.parametrize("name", ["greedy", "t1-seed3"])
@@ -179,13 +164,6 @@ def test_runtime_refuses_a_checkpoint_of_another_format(quant_artifacts, quant_d
 
 
 def test_runtime_refuses_packed_tensors_of_the_wrong_shape(quant_artifacts, quant_dirs, tmp_path):
-    from safetensors.numpy import load_file, save_file
-
-    folder = tmp_path / "cut"
-    shutil.copytree(quant_dirs["mlx"], folder)
-    tensors = load_file(str(folder / "model.safetensors"))
-    key = "model.layers.1.mlp.up_proj.weight"
-    tensors[key] = tensors[key][:64].copy()
-    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "mlx"})
+    folder = cut_tensor(quant_dirs["mlx"], tmp_path / "cut", "model.layers.1.mlp.up_proj.weight", 64)
     with pytest.raises(DFlashError, match=r"model.layers.1.mlp.up_proj.weight: expected shape \[128, 8\], found \[64, 8\]"):
         Engine.load(quant_artifacts["mlx"], target=folder, drafter=quant_dirs["drafter"])
