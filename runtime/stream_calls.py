@@ -88,14 +88,9 @@ class StreamCalls:
         if self.pair.prefill_chunk:  # a hybrid compiles with one stream (export/hybrid.py)
             self.pair.set_sampling(*sampling)
             return self.pair.prefill(ids)
-        stage = self.pair._stage
-        suffix, extra = "", ()
-        if sampling[0] > 0:
-            suffix = "_sampled"
-            extra = tuple(stage.arg(np.array([v], dt)) for v, dt in zip(sampling, (np.float32, np.int64, np.float32,
-                                                                                    np.int64)))
+        suffix, extra = self._sampling_one(sampling)
         chosen = self.pair._out(1, 1)
-        tokens = stage.arg(np.array([ids], np.int64), constant=True)
+        tokens = self.pair._stage.arg(np.array([ids], np.int64), constant=True)
         where = (self._i64([stream]),) if self.S > 1 else ()
         name = "prefill_stream" if self.S > 1 else "prefill"
         taps = self.pair.fn[name + suffix](tokens, *where, self._i64([0]), self.pair._pages(len(ids)), *extra, chosen)
