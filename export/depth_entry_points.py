@@ -23,7 +23,7 @@ import torch
 
 from dflash_iree.manifest import VERIFY_ROWS, depth_rows, rows_of
 
-from .entry_points import EntryPoint, ExportShapes, TensorSpec, _read_len, _step, accepted_drafts
+from .entry_points import EntryPoint, ExportShapes, TensorSpec, _read_len, _step, verify_then_draft
 from .sampling import Sampling
 
 def depth_entry_points(shapes: ExportShapes, sampled: bool = True) -> list[EntryPoint]:
@@ -67,12 +67,13 @@ def top1_logprob(logits: torch.Tensor, temperature: torch.Tensor | None) -> torc
 
 def _rows_round(m, tokens, start, n_draft, pages, sampling: Sampling | None, round_, confidence):
     chosen, taps = _step(m, tokens, start, pages, sampling)
-    n_valid = accepted_drafts(tokens, chosen, n_draft) + 1
-    bonus = torch.gather(chosen, 1, (n_valid - 1)[:, None])[:, 0]
-    draft, logits = m.drafter(m.target, taps, start, n_valid, bonus, read_len=_read_len(pages), sampling=sampling)
-    round_.copy_(torch.cat([chosen, draft, n_valid[:, None]], 1))
-    confidence.copy_(top1_logprob(logits, None if sampling is None else sampling.temperature))
-    return taps
+
+    def draft(n_valid, bonus):  # the next block, and its confidence written beside it
+        block, logits = m.drafter(m.target, taps, start, n_valid, bonus, read_len=_read_len(pages), sampling=sampling)
+        confidence.copy_(top1_logprob(logits, None if sampling is None else sampling.temperature))
+        return block
+
+    return verify_then_draft(tokens, n_draft, chosen, taps, draft, round_)
 
 
 # The exported bodies: one per variant, exported under every R's name (the shape is the example's).

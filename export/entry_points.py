@@ -226,14 +226,24 @@ def accepted_drafts(block: torch.Tensor, chosen: torch.Tensor, n_draft: torch.Te
     return (B - 1) - torch.amax(torch.where(miss, (B - 1) - i, 0), 1)
 
 
-def _verify_then_draft(m, tokens, start, n_draft, pages, sampling, round_):
-    chosen, taps = _step(m, tokens, start, pages, sampling)
+def verify_then_draft(tokens, n_draft, chosen, taps, draft, round_):
+    """The fused round after the target's verify step: the device's acceptance over n_draft [S]
+    drafts of tokens [S, B] given the target's chosen [S, B], then `draft(n_valid, bonus)` (the
+    drafter's next block [S, B - 1] after the bonus token), packed into round_ [S, 2B]: chosen,
+    draft, n_valid. Returns taps. Shared by `verify_draft` and export/stream_entry_points.py's
+    one-stream form."""
     n_valid = accepted_drafts(tokens, chosen, n_draft) + 1
     bonus = torch.gather(chosen, 1, (n_valid - 1)[:, None])[:, 0]
-    draft = m.drafter(m.target, taps, start, n_valid, bonus, read_len=_read_len(pages), sampling=sampling)[0]
     # one int64 row, so a round costs one read of the host's
-    round_.copy_(torch.cat([chosen, draft, n_valid[:, None]], 1))
+    round_.copy_(torch.cat([chosen, draft(n_valid, bonus), n_valid[:, None]], 1))
     return taps
+
+
+def _verify_then_draft(m, tokens, start, n_draft, pages, sampling, round_):
+    chosen, taps = _step(m, tokens, start, pages, sampling)
+    draft = lambda n_valid, bonus: m.drafter(m.target, taps, start, n_valid, bonus, read_len=_read_len(pages),  # noqa: E731
+                                             sampling=sampling)[0]
+    return verify_then_draft(tokens, n_draft, chosen, taps, draft, round_)
 
 
 def verify_draft(m, tokens, start, n_draft, pages, round):  # noqa: A002 (the manifest's name)

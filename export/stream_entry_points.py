@@ -36,7 +36,7 @@ from __future__ import annotations
 import torch
 
 from . import draft_window
-from .entry_points import EntryPoint, ExportShapes, TensorSpec, _read_len, accepted_drafts
+from .entry_points import EntryPoint, ExportShapes, TensorSpec, _read_len, verify_then_draft
 from .qwen3 import attention_fn, project, rope_tables
 from .sampling import Sampling, choose_tokens
 
@@ -231,11 +231,9 @@ def _verify_draft_stream(m, tokens, stream, start, n_draft, pages, sampling, rou
     """export/entry_points.py `_verify_then_draft` in slot `stream`: the same round, [1]-shaped."""
     read_len = _read_len(pages)
     chosen, taps = target_step_stream(m.target, tokens, stream, start, read_len, sampling)
-    n_valid = accepted_drafts(tokens, chosen, n_draft) + 1
-    bonus = torch.gather(chosen, 1, (n_valid - 1)[:, None])[:, 0]
-    draft = drafter_draft_stream(m.drafter, m.target, taps, stream, start, n_valid, bonus, read_len, sampling)[0]
-    round_.copy_(torch.cat([chosen, draft, n_valid[:, None]], 1))
-    return taps
+    draft = lambda n_valid, bonus: drafter_draft_stream(m.drafter, m.target, taps, stream, start, n_valid,  # noqa: E731
+                                                        bonus, read_len, sampling)[0]
+    return verify_then_draft(tokens, n_draft, chosen, taps, draft, round_)
 
 
 def verify_draft_stream(m, tokens, stream, start, n_draft, pages, round):  # noqa: A002 (the manifest's name)
