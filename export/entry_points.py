@@ -65,8 +65,10 @@ class ExportShapes:
         """Dynamic dims: name -> inclusive range and meaning (no T with a static `prefill_chunk`)."""
         c = self.max_context
         prompt = {} if self.prefill_chunk else {"T": {"min": 1, "max": c, "doc": "prompt tokens in one prefill call"}}
+        slot = {} if self.streams == 1 else {"Q": {"min": 1, "max": self.streams,
+                                                   "doc": "a one-stream call's slot + 1 (the `stream` argument's shape)"}}
         return {
-            **prompt,
+            **prompt, **slot,
             "R": {"min": 1, "max": c, "doc": "context rows in one absorb call"},
             "P": {"min": 1, "max": c // self.kv_page,
                   "doc": f"cache pages attention reads: pages.shape[0] * {self.kv_page} rows, "

@@ -22,10 +22,12 @@ records, spliced kernels and exported MLIR are those of before. The layers are t
 (export/qwen3.py, export/dflash.py `draft_block`); only the cache rows differ: one slot's. Writes
 are one `index_copy_` per layer on the flat cache view at that slot's rows (the form IREE compiles
 on a mutable global; one index vector plus a constant per layer, as `cache_rows` for S > 1). Reads
-are two `narrow`s of the flat view at a dynamic start, the slot index read with `.item()` and
-bounded by `torch._check` (`_slot_index`): a slice at a runtime offset, which IREE folds into the
-dispatch that reads it, where an `index_select` of the rows (the form before) gathered them into a
-new tensor every layer (experiments/2026-12-02-one-stream/). The target's attention in these calls
+are two `narrow`s of the flat view at a dynamic start: a slice at a runtime offset, which IREE folds
+into the dispatch that reads it, where an `index_select` of the rows (the form before) gathered them
+into a new tensor every layer (experiments/2026-12-02-one-stream/). The slot comes as the *shape*
+of the `stream` argument (int8 [slot + 1], contents ignored; `slot_arg`), as `pages` brings the
+rows read: a dynamic dim is a host value of the call, where a slot read from an int64 tensor's
+contents made every call wait on a device-to-host read before it could dispatch. The target's attention in these calls
 is IREE's on every arch (no `dflash::block_attention` op: its kernel takes the whole cache and a
 constant layer); the linears and the head norm + rope are the model's named ops, spliced as in the
 other entry points.
@@ -47,6 +49,7 @@ def stream_entry_points(shapes: ExportShapes, sampled: bool = True) -> list[Entr
         return []
     N, dt = shapes.tap_width, shapes.dtype
     one = lambda name: TensorSpec(name, (1,), "i64")  # noqa: E731
+    slot = TensorSpec("stream", ("Q",), "i8")
     pages = TensorSpec("pages", ("P",), "i8")
     sampling = (TensorSpec("temperature", (1,), "f32"), TensorSpec("top_k", (1,), "i64"),
                 TensorSpec("top_p", (1,), "f32"), TensorSpec("seed", (1,), "i64"))
@@ -58,9 +61,9 @@ def stream_entry_points(shapes: ExportShapes, sampled: bool = True) -> list[Entr
     out = []
     for suffix, extra in (("", ()), ("_sampled", sampling)) if sampled else (("", ()),):
         out.append(EntryPoint("prefill_stream" + suffix, "target",
-                              (TensorSpec("tokens", (1, "T"), "i64"), one("stream"), one("start"), pages) + extra
+                              (TensorSpec("tokens", (1, "T"), "i64"), slot, one("start"), pages) + extra
                               + (chosen,), (taps("T"),), doc, ("chosen",)))
-    out.append(EntryPoint("absorb_stream", "drafter", (taps("R"), one("stream"), one("start")),
+    out.append(EntryPoint("absorb_stream", "drafter", (taps("R"), slot, one("start")),
                           (TensorSpec("ctx_len", (1,), "i64"),),
                           "Project R context rows of one stream (the target's taps at positions [start, start+R)) "
                           "into slot `stream` of the drafter's context cache; returns start + R."))
@@ -68,36 +71,41 @@ def stream_entry_points(shapes: ExportShapes, sampled: bool = True) -> list[Entr
     n_draft = one("n_draft")
     for suffix, extra in (("", ()), ("_sampled", sampling)) if sampled else (("", ()),):
         out.append(EntryPoint("decode_stream" + suffix, "target",
-                              (TensorSpec("tokens", (1, 1), "i64"), one("stream"), one("start"), pages) + extra
+                              (TensorSpec("tokens", (1, 1), "i64"), slot, one("start"), pages) + extra
                               + (chosen,), (),
                               "`decode` of one stream: its token at position start of slot `stream`, the other "
                               "slots untouched.", ("chosen",)))
         out.append(EntryPoint("verify_draft_stream" + suffix, "target",
-                              (TensorSpec("tokens", (1, B), "i64"), one("stream"), one("start"), n_draft, pages)
+                              (TensorSpec("tokens", (1, B), "i64"), slot, one("start"), n_draft, pages)
                               + extra + (TensorSpec("round", (1, 2 * B), "i64"),), (taps(B),),
                               "`verify_draft` of one stream in slot `stream` of both caches, the other slots "
                               "untouched: the same round and outputs, with S = 1.", ("round",)))
     return out
 
 
+def slot_arg(slot: int) -> torch.Tensor:
+    """The `stream` argument naming slot `slot` (0..S-1): int8 [slot + 1], its contents ignored."""
+    return torch.zeros(slot + 1, dtype=torch.int8)
+
+
 def _slot_index(stream: torch.Tensor, streams: int):
-    """Slot `stream` (int64 [1]) as an int (an unbacked SymInt under torch.export), checked to lie in
-    [0, streams): the bound lets torch.export prove every slice of that slot inside the cache, and
-    IREE gets a scalar offset, which it folds into the dispatch that reads the slice."""
-    s = stream[0].item()
+    """The slot that `stream` (`slot_arg`) names: its length - 1, an int (under torch.export, the
+    dynamic dim Q - 1, whose range [1, S] proves every slice of that slot inside the cache), checked
+    to lie in [0, streams)."""
+    s = stream.shape[0] - 1
     torch._check(s >= 0)
     torch._check(s < streams)
     return s
 
 
-def _slot_rows(cache: torch.Tensor, stream: torch.Tensor, positions: torch.Tensor) -> list[torch.Tensor]:
+def _slot_rows(cache: torch.Tensor, slot, positions: torch.Tensor) -> list[torch.Tensor]:
     """Per layer, the rows of cache [S, L, 2, C, D]'s flat [S*L*2*C, D] view holding the keys, then
-    the values, of `positions` (int64 [T]) in slot `stream` (int64 [1]): L int64 [2T] vectors.
+    the values, of `positions` (int64 [T]) in slot `slot` (`_slot_index`'s int): L int64 [2T] vectors.
 
     The form of export/qwen3.py `cache_rows` for S > 1 (one vector, each layer adding its constant
     offset; the form IREE's GPU codegen takes), for one slot."""
     _, L, _, C, _ = cache.shape
-    at = stream * (L * 2 * C) + positions
+    at = slot * (L * 2 * C) + positions
     flat = torch.cat([at, at + C])
     return [flat + layer * 2 * C for layer in range(L)]
 
@@ -127,7 +135,7 @@ def target_step_stream(target, tokens: torch.Tensor, stream: torch.Tensor, start
     """export/qwen3.py `Qwen3.forward` for one stream's slot of the cache.
 
     Args:
-        tokens: int64 [1, T]; stream: int64 [1], the slot; start: int64 [1], position of tokens[:, 0].
+        tokens: int64 [1, T]; stream: int8 [slot + 1] (`slot_arg`); start: int64 [1], position of tokens[:, 0].
         read_len: cache rows attention reads (>= start + T).
         sampling: None (greedy) or [1]-shaped parameters.
         last_only: choose a token for the last row only (prefill).
@@ -145,7 +153,7 @@ def target_step_stream(target, tokens: torch.Tensor, stream: torch.Tensor, start
     cos, sin = rope_tables(positions, cfg.head_dim, cfg.rope_theta, x.dtype)
     key_pos = torch.arange(read_len, dtype=torch.int64, device=tokens.device)
     visible = key_pos[None, None, :] <= positions[:, :, None]
-    rows = _slot_rows(cache, stream, pos)
+    rows = _slot_rows(cache, slot, pos)
     taps = {}
     for i, layer in enumerate(target.model.layers):
         q, k, v = layer.self_attn.qkv(layer.input_layernorm(x), cos, sin)
@@ -167,7 +175,7 @@ def target_step_stream(target, tokens: torch.Tensor, stream: torch.Tensor, start
 def drafter_absorb_stream(drafter, taps: torch.Tensor, stream: torch.Tensor, start: torch.Tensor,
                           n_valid: torch.Tensor | None = None) -> None:
     """export/dflash.py `DFlashDrafter.absorb` into one stream's slot: taps [1, R, N] at positions
-    [start, start + R) (start, stream, n_valid: int64 [1]; n_valid, the real rows, default R); a ring
+    [start, start + R) of slot `stream` (`slot_arg`; start, n_valid: int64 [1]; n_valid, the real rows, default R); a ring
     cache keeps its window of them (export/draft_window.py)."""
     R = taps.shape[1]
     pos = start + torch.arange(R, dtype=torch.int64, device=taps.device)
@@ -176,7 +184,7 @@ def drafter_absorb_stream(drafter, taps: torch.Tensor, stream: torch.Tensor, sta
     kv = project(ctx, [p for layer in drafter.layers for p in (layer.self_attn.k_proj, layer.self_attn.v_proj)])
     block_start = start + (R if n_valid is None else n_valid)
     slots = draft_window.absorb_slots(pos[None], block_start, drafter.ring, drafter.block_size)[0]
-    rows = _slot_rows(drafter.ctx_cache, stream, slots)
+    rows = _slot_rows(drafter.ctx_cache, _slot_index(stream, drafter.ctx_cache.shape[0]), slots)
     for i, layer in enumerate(drafter.layers):
         k, v = layer.self_attn.rotate_kv(kv[2 * i], kv[2 * i + 1], cos, sin)
         _write_slot(drafter.ctx_cache, rows[i], k, v)

@@ -46,6 +46,7 @@ class StreamCalls:
         self._sampling_args: tuple = ()
         self._one_key: tuple | None = None
         self._one_args: tuple = ()
+        self._slots: dict[int, object] = {}
 
     def _i64(self, values):
         return self.pair._stage.arg(np.array(values, np.int64))
@@ -77,9 +78,16 @@ class StreamCalls:
     def _one(self, only: int | None) -> bool:
         return only is not None and self.one_stream
 
+    def _slot(self, stream: int):
+        """The `stream` argument naming slot `stream`: int8 [stream + 1] (the slot is its shape, a host
+        value of the call; export/stream_entry_points.py `slot_arg`), one pinned buffer per slot."""
+        if stream not in self._slots:
+            self._slots[stream] = self.pair._stage.arg(np.zeros(stream + 1, np.int8), constant=True)
+        return self._slots[stream]
+
     def _where(self, only: int):
-        """The `stream` argument of a one-stream call (tests/test_batch.py plants a wrong one)."""
-        return self._i64([only])
+        """The `stream` argument of a one-stream step (tests/test_batch.py plants a wrong one)."""
+        return self._slot(only)
 
     def prefill(self, stream: int, ids: list[int], sampling: tuple):
         """Run prompt `ids` from position 0 into slot `stream` alone (sampling: its (temperature,
@@ -91,7 +99,7 @@ class StreamCalls:
         suffix, extra = self._sampling_one(sampling)
         chosen = self.pair._out(1, 1)
         tokens = self.pair._stage.arg(np.array([ids], np.int64), constant=True)
-        where = (self._i64([stream]),) if self.S > 1 else ()
+        where = (self._slot(stream),) if self.S > 1 else ()
         name = "prefill_stream" if self.S > 1 else "prefill"
         taps = self.pair.fn[name + suffix](tokens, *where, self._i64([0]), self.pair._pages(len(ids)), *extra, chosen)
         return int(self.pair._read(chosen)[0, 0]), taps
@@ -101,7 +109,7 @@ class StreamCalls:
         if isinstance(taps, list):
             self.pair.absorb(taps)
         elif self.S > 1:
-            self.pair.fn["absorb_stream"](taps, self._i64([stream]), self._i64([0]))
+            self.pair.fn["absorb_stream"](taps, self._slot(stream), self._i64([0]))
         else:
             self.pair.fn["absorb"](taps, self._i64([0]))
 

@@ -36,8 +36,8 @@ def test_prefill_stream_writes_its_slot_only(target_dir, drafter_dir):
     prompt = torch.tensor([[7, 300, 12, 99, 5, 41]])
     chosen, _, taps = one_t(prompt, torch.tensor([0]), last_only=True)
     one_d.absorb(taps, torch.tensor([0]))
-    got, got_taps = target_step_stream(three_t, prompt, torch.tensor([2]), torch.tensor([0]), 64, None, True)
-    drafter_absorb_stream(three_d, got_taps, torch.tensor([2]), torch.tensor([0]))
+    got, got_taps = target_step_stream(three_t, prompt, SE.slot_arg(2), torch.tensor([0]), 64, None, True)
+    drafter_absorb_stream(three_d, got_taps, SE.slot_arg(2), torch.tensor([0]))
     assert torch.equal(got, chosen) and torch.allclose(got_taps, taps, atol=1e-5)
     T = prompt.shape[1]
     for three, one, before in ((three_t.kv_cache, one_t.kv_cache, before_t), (three_d.ctx_cache, one_d.ctx_cache, before_d)):
@@ -88,7 +88,7 @@ def test_one_stream_calls_equal_the_stream_row(target_dir, drafter, request):
             taps = E.BODIES["verify_draft" + sfx](fresh(), tokens, start, n_draft, pages, *extra, rnd)
             want = caches(base)
             rnd1 = torch.zeros(1, 2 * B, dtype=torch.int64)
-            taps1 = SE.STREAM_BODIES["verify_draft_stream" + sfx](fresh(), tokens[1:2], torch.tensor([slot]),
+            taps1 = SE.STREAM_BODIES["verify_draft_stream" + sfx](fresh(), tokens[1:2], SE.slot_arg(slot),
                                                                    start[1:2], n_draft[1:2], pages, *one, rnd1)
             got = caches(base)
             if not (torch.equal(rnd1, rnd[1:2]) and torch.allclose(taps1, taps[1:2], atol=1e-5)):
@@ -99,7 +99,7 @@ def test_one_stream_calls_equal_the_stream_row(target_dir, drafter, request):
             ch = torch.zeros(3, 1, dtype=torch.int64)
             E.BODIES["decode" + sfx](fresh(), tokens[:, :1], start, pages, *extra, ch)
             ch1 = torch.zeros(1, 1, dtype=torch.int64)
-            SE.STREAM_BODIES["decode_stream" + sfx](fresh(), tokens[1:2, :1], torch.tensor([slot]), start[1:2], pages,
+            SE.STREAM_BODIES["decode_stream" + sfx](fresh(), tokens[1:2, :1], SE.slot_arg(slot), start[1:2], pages,
                                                     *one, ch1)
             if not torch.equal(ch1, ch[1:2]) or not torch.equal(base.target.kv_cache[0], saved[0][0]):
                 failures.append(f"decode_stream{sfx} differs")
@@ -130,7 +130,7 @@ def test_four_streams_manifest(streams_artifacts):
     assert e["draft"]["args"][-1] == {"name": "draft", "shape": [4, 7], "dtype": "i64"}
     assert [a["name"] for a in e["prefill_stream_sampled"]["args"]] == [
         "tokens", "stream", "start", "pages", "temperature", "top_k", "top_p", "seed", "chosen"]
-    assert e["prefill_stream"]["args"][0]["shape"] == [1, "T"] and e["absorb_stream"]["args"][1]["shape"] == [1]
+    assert e["prefill_stream"]["args"][0]["shape"] == [1, "T"] and e["absorb_stream"]["args"][1] == {"name": "stream", "shape": ["Q"], "dtype": "i8"}
     assert [a["name"] for a in e["verify_draft_stream_sampled"]["args"]] == [
         "tokens", "stream", "start", "n_draft", "pages", "temperature", "top_k", "top_p", "seed", "round"]
     assert e["verify_draft_stream"]["args"][0]["shape"] == [1, 8] and e["verify_draft_stream"]["args"][-1]["shape"] == [1, 16]
