@@ -153,12 +153,14 @@ def _example(spec: TensorSpec, dims: dict[str, torch.export.Dim]):
     return torch.zeros(shape, dtype=_TORCH_DTYPES[spec.dtype], device="meta"), dynamic
 
 
-def export_module(pair: Pair, shapes: ExportShapes, sampled: bool = True, log=None, only=None):
+def export_module(pair: Pair, shapes: ExportShapes, sampled: bool = True, log=None, only=None, debug=()):
     """Export every entry point of `pair` into one MLIR module.
 
     Args:
         log: called with a progress line after each traced entry point and after the import.
         only: names of the entry points to export (tests); None for all.
+        debug: (EntryPoint, body) pairs exported after those: functions that only a test or a probe
+            calls (tests/test_row_invariance.py returns the logits that production keeps on the device).
 
     Returns:
         (iree-turbine's ExportOutput: `.save_mlir(path)` writes the module, the entry points).
@@ -181,12 +183,15 @@ def export_module(pair: Pair, shapes: ExportShapes, sampled: bool = True, log=No
 
     dims = {name: torch.export.Dim(name, min=d["min"], max=d["max"]) for name, d in shapes.dims.items()}
     entries = [e for e in entry_points(shapes, sampled) if only is None or e.name in only]
+    debug_bodies = {e.name: body for e, body in debug}
+    entries += [e for e, _ in debug]
     fxb = aot.FxProgramsBuilder(pair)
     with aot.decompositions.extend_aot_decompositions() as table:
         table[torch.ops.aten.linear.default] = _linear_2d
         for entry in entries:
             examples = [_example(a, dims) for a in entry.args]
-            body = BODIES.get(entry.name) or STREAM_BODIES.get(entry.name) or depth_body(entry.name)
+            body = (debug_bodies.get(entry.name) or BODIES.get(entry.name) or STREAM_BODIES.get(entry.name)
+                    or depth_body(entry.name))
             fxb.export_program(body, name=entry.name, args=tuple(e for e, _ in examples),
                                dynamic_shapes=tuple(d for _, d in examples), strict=False)
             log(f"export: traced {entry.name}")
