@@ -7,8 +7,10 @@ Random bf16 weights made on the GPU (bench/speed_8b.py `_build`), bound into bot
 prompt; then, alternated ROUNDS times in this one process:
 - s1: `decode` (one synchronous call, as a 4-stream plain step is), `decode_ahead` per token (the
   runtime's one-stream plain decoding), `verify_draft` (one DFlash round, block 8);
-- s4: `decode` of all four streams, `verify_draft` of all four streams, and `verify_draft` with one
-  stream active and three idle (what 1-stream DFlash costs on the 4-stream module).
+- s4: `decode` of all four streams, `verify_draft` of all four streams, `verify_draft` with one
+  stream active and three idle (what 1-stream DFlash cost on the 4-stream module before its
+  one-stream form), and the one-stream form's `decode_stream` and `verify_draft_stream` (what the
+  engine calls when one stream runs).
 The projection (project.py) replays the demo pair's recorded acceptance sequences over these costs.
 """
 
@@ -76,6 +78,10 @@ def main() -> None:
         "s4_verify_draft": lambda: calls.verify_draft([block] * 4, starts4, [B - 1] * 4, [GREEDY] * 4),
         "s4_verify_draft_one_active": lambda: calls.verify_draft([block] + [[0] * B] * 3, [PROMPT, 0, 0, 0],
                                                                  [B - 1, 0, 0, 0], [GREEDY] * 4),
+        # the one-stream form (export/stream_entry_points.py), what the engine calls when one stream runs
+        "s4_decode_one_stream": lambda: calls.decode([first] + [0] * 3, starts4, [GREEDY] * 4, only=0),
+        "s4_verify_draft_one_stream": lambda: calls.verify_draft([block] + [[0] * B] * 3, [PROMPT, 0, 0, 0],
+                                                                 [B - 1, 0, 0, 0], [GREEDY] * 4, only=0),
     }
 
     def ahead():

@@ -5,7 +5,8 @@
 Replays each prompt's recorded per-round accepted counts (record_acceptance.py) through a 4-slot
 continuous batch, as runtime/batch.py runs it: a queue of the prompts, a slot takes the next prompt
 when its request ends, and every round (DFlash) or step (plain) costs the measured call at the
-number of streams it runs (h200_8b_streams.py). Decoding only: the prefills are left out of both arms
+number of streams it runs (h200_8b_streams.py): with one stream running, the S = 4 module's
+one-stream form where measured (`*_one_stream`), else its S-stream call with three idle slots. Decoding only: the prefills are left out of both arms
 alike. Prints the table and writes JSON.
 """
 
@@ -47,11 +48,13 @@ def main() -> None:
     rows["plain, 1 stream (S=1 module, decode_ahead)"] = tokens / ms * 1e3
     ms, _ = batch_time(rounds, 1, costs["s1_verify_draft"], costs["s1_verify_draft"])
     rows["DFlash, 1 stream (S=1 module)"] = tokens / ms * 1e3
-    ms, _ = batch_time(rounds, 1, costs["s4_verify_draft_one_active"], costs["s4_verify_draft_one_active"])
+    one_round = costs.get("s4_verify_draft_one_stream", costs["s4_verify_draft_one_active"])
+    one_step = costs.get("s4_decode_one_stream", costs["s4_decode"])
+    ms, _ = batch_time(rounds, 1, one_round, one_round)
     rows["DFlash, 1 stream (S=4 module)"] = tokens / ms * 1e3
-    ms, _ = batch_time(plain_steps, 4, costs["s4_decode"], costs["s4_decode"])
+    ms, _ = batch_time(plain_steps, 4, costs["s4_decode"], one_step)
     rows["plain, 4 streams (S=4 module, decode)"] = tokens / ms * 1e3
-    ms, _ = batch_time(rounds, 4, costs["s4_verify_draft"], costs["s4_verify_draft_one_active"])
+    ms, _ = batch_time(rounds, 4, costs["s4_verify_draft"], one_round)
     rows["DFlash, 4 streams (S=4 module)"] = tokens / ms * 1e3
     tau = tokens / sum(len(r) for r in rounds)
     ratios = {
