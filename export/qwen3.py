@@ -46,6 +46,17 @@ def project(x: torch.Tensor, linears) -> list[torch.Tensor]:
     return list(ops.linear(x, [lin.weight for lin in linears], refs, [], [], 0))
 
 
+def as_float32(x: torch.Tensor) -> torch.Tensor:
+    """x as float32, a bf16 x through its bits: (int16 bits * 2^16) viewed as float32, the same values
+    as `x.float()`. Why: IREE may fuse a bf16 truncation into its consumer and skip it, and did so for
+    the lm_head in the host's decode graph and not in its verify graph, so decode took the argmax of
+    unrounded logits and verify (and eager) of rounded ones, and parted at bf16 ties
+    (experiments/2026-12-03-host-row-ops/). A bitcast cannot be folded away."""
+    if x.dtype != torch.bfloat16:
+        return x.float()
+    return (x.view(torch.int16).to(torch.int32) * 65536).view(torch.float32)  # int16 * 2^16 fits int32
+
+
 def project_residual(x: torch.Tensor, lin: nn.Linear, residual: torch.Tensor) -> torch.Tensor:
     """residual + lin(x): x [..., K], residual [..., N] (exported: the named op `dflash::linear_residual`)."""
     ref = residual + lin(x)
@@ -405,6 +416,6 @@ class Qwen3(nn.Module):
         tapped = torch.cat([taps[i] for i in self.tap_layer_ids], -1) if taps else x[..., :0]
         if last_only:
             h, positions = h[:, -1:], positions[:, -1:]
-        logits = project(h, [self.lm_head])[0].float()
+        logits = as_float32(project(h, [self.lm_head])[0])
         chosen = choose_tokens(logits, positions + 1, sampling)
         return chosen, logits, tapped

@@ -25,7 +25,8 @@ from dflash_iree.config_qwen35 import HybridConfig
 
 from . import ops
 from .gdn import GatedDeltaNet
-from .qwen3 import MLP, apply_rope, attention_fn, cache_rows, project, project_residual, query_rows_mask, write_cache
+from .qwen3 import (MLP, apply_rope, as_float32, attention_fn, cache_rows, project, project_residual, query_rows_mask,
+                    write_cache)
 from .qwen35_rope import rope_tables
 from .recurrent_state import RecurrentState
 from .sampling import Sampling, choose_tokens
@@ -251,6 +252,6 @@ class Qwen35(nn.Module):
         tapped = torch.cat([taps[i] for i in self.tap_layer_ids], -1) if taps else x[..., :0]
         if last_only:
             h, positions = h[:, -1:], positions[:, -1:]
-        logits = project(h, [self.lm_head])[0].float()
+        logits = as_float32(project(h, [self.lm_head])[0])
         chosen = choose_tokens(logits, positions + 1, sampling)
         return chosen, logits, tapped

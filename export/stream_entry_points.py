@@ -39,7 +39,7 @@ import torch
 
 from . import draft_window
 from .entry_points import EntryPoint, ExportShapes, TensorSpec, _read_len, verify_then_draft
-from .qwen3 import attention_fn, project, rope_tables
+from .qwen3 import as_float32, attention_fn, project, rope_tables
 from .sampling import Sampling, choose_tokens
 
 
@@ -168,7 +168,7 @@ def target_step_stream(target, tokens: torch.Tensor, stream: torch.Tensor, start
     tapped = torch.cat([taps[i] for i in target.tap_layer_ids], -1) if taps else x[..., :0]
     if last_only:
         h, positions = h[:, -1:], positions[:, -1:]
-    logits = project(h, [target.lm_head])[0].float()
+    logits = as_float32(project(h, [target.lm_head])[0])
     return choose_tokens(logits, positions + 1, sampling), tapped
 
 
