@@ -4,8 +4,9 @@ or onto IREE's attention (the op's reference operand: `attend`'s fused attention
 
 An op takes the kernel when the arch has it (dflash_iree/arch.py), q [S, T, Hq, hd] and the
 cache [S, L, 2, C, Hkv * hd] are bf16 with static shapes, the mask is [S, 1, R, N] with R = T * Hq / Hkv
-query rows and a dynamic key count N, min_rows <= R <= 64, the layer is a constant, there is no
-gate and the kernel takes the shape (`why_unsupported`). The kernel reads the whole cache in place
+query rows and a dynamic key count N, min_rows <= R <= 64, there is no gate and the kernel takes the
+shape (`why_unsupported`). The layer is a constant, or a runtime `!torch.int` (a one-stream call of
+export/stream_entry_points.py: slot * L + l over the cache viewed as one stream of S * L layers). The kernel reads the whole cache in place
 with the layer as an argument, takes q and gives the result in the model's token-major layout
 (`g` = Hq / Hkv), and is named `dflash_attention_{S}x{Hkv}x{R}x{hd}_{L}x{C}[_s{scale bits}]_g{g}`.
 Decode (R = g, under ATTENTION_MIN_ROWS), prefill (a dynamic T) and the drafter's attention (over
@@ -19,7 +20,7 @@ import re
 from dflash_iree.errors import DFlashError
 
 from .mlir import (add_functions, builtin_type, constant_float, constant_int, emit_call, find_ops, i32_constant,
-                   is_none, replace_with_values)
+                   i32_of_int, is_constant_int, is_none, replace_with_values)
 from .lowered import Lowered, has_kernel
 from .ops import ATTENTION_OP
 
@@ -52,9 +53,11 @@ def _why_not(op, arch: str, min_rows: int):
         return f"R={R} query rows under {min_rows}", None
     if builtin_type(mask.type) != f"tensor<{S}x1x{R}x?xi1>":
         return f"mask {mask.type} is not [S, 1, R, N] with a dynamic N", None
-    li = constant_int(layer)
-    if not 0 <= li < L:
-        raise DFlashError(f"splice: {ATTENTION_OP} reads layer {li} of a cache of {L} layers")
+    li = None  # a runtime layer (a one-stream call's slot * L + l, bounded by the export's dim range)
+    if is_constant_int(layer):
+        li = constant_int(layer)
+        if not 0 <= li < L:
+            raise DFlashError(f"splice: {ATTENTION_OP} reads layer {li} of a cache of {L} layers")
     why = why_unsupported(S, Hkv, R, D, L, C, arch)
     if why:
         return why, None
@@ -70,7 +73,7 @@ def lower_attention(module, arch: str, min_rows: int = ATTENTION_MIN_ROWS):
     per kernel shape, S, Hkv, R, head_dim, g and `ops` (calls); and per op left to IREE, the reason.
 
     Raises:
-        DFlashError: a layer outside the cache, a non-constant layer or scale, or what
+        DFlashError: a constant layer outside the cache, a non-constant scale, or what
             `attention_dispatch` refuses (a missing object).
     """
     from dflash_iree.kernels.attention import attention_dispatch, f32_bits
@@ -93,7 +96,8 @@ def lower_attention(module, arch: str, min_rows: int = ATTENTION_MIN_ROWS):
         d = attention_dispatch(S, Hkv, R, D, L, C, arch, name=name, scale=sc, g=g)
         add_functions(module, d.mlir)
         q, cache, mask = op.operands[0], op.operands[1], op.operands[3]
-        got = emit_call(op, name, [q, cache, mask, i32_constant(op, layer)], [builtin_type(ref.type)], [ref.type])
+        li = i32_of_int(op, op.operands[2]) if layer is None else i32_constant(op, layer)
+        got = emit_call(op, name, [q, cache, mask, li], [builtin_type(ref.type)], [ref.type])
         replace_with_values(op, got)
         counts[(S, Hkv, R, D, g)] = counts.get((S, Hkv, R, D, g), 0) + 1
         out.flags += [f for f in d.flags if f not in out.flags]

@@ -285,6 +285,23 @@ def i32_constant(before, value: int):
                                    attributes={"value": ir.IntegerAttr.get(i32, value)}).result
 
 
+def is_constant_int(value) -> bool:
+    """Whether VALUE is a `torch.constant.int` result (else a runtime `!torch.int`)."""
+    return getattr(value.owner, "name", None) == "torch.constant.int"
+
+
+def i32_of_int(before, value):
+    """A runtime `!torch.int` VALUE as an i32 (`torch_c.to_i64`, then `arith.trunci`), inserted before
+    op BEFORE: a kernel's scalar argument that the export computed from a dynamic dim."""
+    from iree.compiler import ir
+
+    where = before.operation
+    with where.context, where.location, ir.InsertionPoint(where):
+        i64, i32 = ir.IntegerType.get_signless(64), ir.IntegerType.get_signless(32)
+        wide = ir.Operation.create("torch_c.to_i64", results=[i64], operands=[value]).result
+        return ir.Operation.create("arith.trunci", results=[i32], operands=[wide]).result
+
+
 def constant_bool(value) -> bool:
     """The value of a `torch.constant.bool` result. Raises DFlashError for any other value."""
     from iree.compiler import ir

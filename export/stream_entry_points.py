@@ -37,9 +37,9 @@ from __future__ import annotations
 
 import torch
 
-from . import draft_window
+from . import draft_window, ops
 from .entry_points import EntryPoint, ExportShapes, TensorSpec, _read_len, verify_then_draft
-from .qwen3 import as_float32, attention_fn, project, rope_tables
+from .qwen3 import as_float32, attention_fn, project, query_rows_mask, rope_tables
 from .sampling import Sampling, choose_tokens
 
 
@@ -130,6 +130,27 @@ def _read_slot(cache: torch.Tensor, slot, layer: int, read_len: int, hd: int) ->
     return flat.narrow(0, base, read_len).view(shape), flat.narrow(0, base + C, read_len).view(shape)
 
 
+def _slot_attention(q: torch.Tensor, cache: torch.Tensor, slot, layer: int, read_len: int, visible: torch.Tensor,
+                    attention: str) -> torch.Tensor:
+    """export/qwen3.py `cache_attention` in slot `slot` (`_slot_index`'s int): q [1, T, Hq, hd] over
+    the first read_len rows of one layer of that slot (visible [1, T, read_len]); [1, T, Hq * hd].
+
+    Exported, the named op `dflash::block_attention` over the cache viewed as one stream of S * L
+    layers, at layer slot * L + layer: a runtime layer, which the block-attention kernel takes as an
+    argument (export/lower_attention.py), so the one-stream round runs the kernel that `verify_draft`
+    runs where IREE's attention cost more (the 8B round: 11.46 against 9.32 ms,
+    experiments/2026-12-02-streams-8b/)."""
+    hd = q.shape[-1]
+    keys, values = _read_slot(cache, slot, layer, read_len, hd)
+    out = attention_fn(attention)(q, keys, values, visible)
+    if not torch.compiler.is_exporting():
+        return out
+    S, L = cache.shape[:2]
+    one = cache.view(1, S * L, *cache.shape[2:])
+    g = q.shape[2] // (cache.shape[-1] // hd)  # query heads per KV head
+    return ops.block_attention(q, one, slot * L + layer, query_rows_mask(visible, g), out)
+
+
 def target_step_stream(target, tokens: torch.Tensor, stream: torch.Tensor, start: torch.Tensor, read_len: int,
                        sampling: Sampling | None, last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """export/qwen3.py `Qwen3.forward` for one stream's slot of the cache.
@@ -158,8 +179,7 @@ def target_step_stream(target, tokens: torch.Tensor, stream: torch.Tensor, start
     for i, layer in enumerate(target.model.layers):
         q, k, v = layer.self_attn.qkv(layer.input_layernorm(x), cos, sin)
         _write_slot(cache, rows[i], k, v)
-        keys, values = _read_slot(cache, slot, i, read_len, cfg.head_dim)
-        x = layer.finish(x, attention_fn(layer.attention)(q, keys, values, visible))
+        x = layer.finish(x, _slot_attention(q, cache, slot, i, read_len, visible, layer.attention))
         if i in target.tap_layer_ids:
             taps[i] = x
     h = target.model.norm(x)

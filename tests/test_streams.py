@@ -137,3 +137,38 @@ def test_four_streams_manifest(streams_artifacts):
     assert e["decode_stream"]["args"][0]["shape"] == [1, 1] and e["decode_stream_sampled"]["writes"] == ["chosen"]
     assert m["state"]["globals"]["target.kv_cache"]["shape"][0] == 4
     assert m["splices"]["topk"]
+
+
+def test_one_stream_round_takes_the_block_attention_kernel(target_dir, drafter_dir, tmp_path):
+    """`verify_draft_stream` of a bf16 3-stream module spliced for sm_80: every target layer's attention
+    is the block-attention kernel over the cache viewed as one stream of 3 * L layers, its layer a
+    runtime i32 computed from the slot (`torch_c.to_i64` + `arith.trunci`), not a constant; the module
+    compiles. Before, the one-stream calls ran IREE's attention (experiments/2026-12-02-streams-8b/)."""
+    pytest.importorskip("iree.compiler")
+    from dflash_iree.arch import ARCHS
+    from dflash_iree.config import load_drafter_config, load_target_config
+    from dflash_iree.export import aot
+    from dflash_iree.export.dflash import DFlashDrafter
+    from dflash_iree.export.iree_tool import run_iree_compile
+    from dflash_iree.export.qwen3 import Qwen3
+    from dflash_iree.export.splice import load, splice_file
+
+    tcfg = load_target_config(target_dir)
+    dcfg = load_drafter_config(drafter_dir, tcfg)
+    S, B, L = 3, 8, tcfg.num_hidden_layers
+    with torch.device("meta"):
+        pair = Pair(Qwen3(tcfg, CONTEXT, dcfg.target_layer_ids, S, torch.bfloat16, attention="fused"),
+                    DFlashDrafter(dcfg, CONTEXT, B, S, torch.bfloat16, attention="fused")).eval()
+    pair.requires_grad_(False)
+    shapes = E.ExportShapes(S, B, CONTEXT, "bf16", dcfg.num_taps * tcfg.hidden_size)
+    out, _ = aot.export_module(pair, shapes, sampled=False, only=("verify_draft_stream",))
+    out.save_mlir(tmp_path / "m.mlir")
+    src, flags, report = splice_file(tmp_path / "m.mlir", tmp_path / "s.mlirbc", "sm_80")
+    Hkv, hd = tcfg.num_key_value_heads, tcfg.head_dim
+    R = B * tcfg.num_attention_heads // Hkv
+    assert report["attention"] == [{"S": 1, "Hkv": Hkv, "R": R, "head_dim": hd, "ops": L, "g": R // B}]
+    text = str(load(src))
+    assert text.count(f"util.call @dflash_attention_1x{Hkv}x{R}x{hd}_{S * L}x{CONTEXT}_g{R // B}(") == L
+    assert text.count("torch_c.to_i64") >= L and "arith.trunci" in text
+    run_iree_compile(src, tmp_path / "m.vmfb", list(ARCHS["sm_80"].flags), tmp_path / "stats.csv", flags)
+    assert (tmp_path / "m.vmfb").stat().st_size > 10000
