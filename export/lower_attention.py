@@ -6,9 +6,10 @@ An op takes the kernel when the arch has it (dflash_iree/arch.py), q [S, T, Hq, 
 cache [S, L, 2, C, Hkv * hd] are bf16 with static shapes, the mask is [S, 1, R, N] with R = T * Hq / Hkv
 query rows and a dynamic key count N, min_rows <= R <= 64, there is no gate and the kernel takes the
 shape (`why_unsupported`). The layer is a constant, or a runtime `!torch.int` (a one-stream call of
-export/stream_entry_points.py: slot * L + l over the cache viewed as one stream of S * L layers). The kernel reads the whole cache in place
-with the layer as an argument, takes q and gives the result in the model's token-major layout
-(`g` = Hq / Hkv), and is named `dflash_attention_{S}x{Hkv}x{R}x{hd}_{L}x{C}[_s{scale bits}]_g{g}`.
+export/stream_entry_points.py: slot * L + l over the cache viewed as one stream of S * L layers).
+The kernel reads the whole cache in place with the layer as an argument, takes q and gives the result in
+the model's token-major layout (`g` = Hq / Hkv), and is named
+`dflash_attention_{S}x{Hkv}x{R}x{hd}_{L}x{C}[_s{scale bits}]_g{g}`.
 Decode (R = g, under ATTENTION_MIN_ROWS), prefill (a dynamic T) and the drafter's attention (over
 [context, block], not the cache: no named op) stay IREE's.
 """

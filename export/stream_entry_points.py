@@ -27,10 +27,11 @@ into the dispatch that reads it, where an `index_select` of the rows (the form b
 into a new tensor every layer (experiments/2026-12-02-one-stream/). The slot comes as the *shape*
 of the `stream` argument (int8 [slot + 1], contents ignored; `slot_arg`), as `pages` brings the
 rows read: a dynamic dim is a host value of the call, where a slot read from an int64 tensor's
-contents made every call wait on a device-to-host read before it could dispatch. The target's attention in these calls
-is IREE's on every arch (no `dflash::block_attention` op: its kernel takes the whole cache and a
-constant layer); the linears and the head norm + rope are the model's named ops, spliced as in the
-other entry points.
+contents made every call wait on a device-to-host read before it could dispatch. The target's
+attention is the named op `dflash::block_attention` over the cache viewed as one stream of S * L
+layers at the runtime layer slot * L + l (`_slot_attention`), so GPU archs run the block-attention
+kernel here as in `verify_draft`; the linears and the head norm + rope are the model's named ops,
+spliced as in the other entry points.
 """
 
 from __future__ import annotations
@@ -195,8 +196,8 @@ def target_step_stream(target, tokens: torch.Tensor, stream: torch.Tensor, start
 def drafter_absorb_stream(drafter, taps: torch.Tensor, stream: torch.Tensor, start: torch.Tensor,
                           n_valid: torch.Tensor | None = None) -> None:
     """export/dflash.py `DFlashDrafter.absorb` into one stream's slot: taps [1, R, N] at positions
-    [start, start + R) of slot `stream` (`slot_arg`; start, n_valid: int64 [1]; n_valid, the real rows, default R); a ring
-    cache keeps its window of them (export/draft_window.py)."""
+    [start, start + R) of slot `stream` (`slot_arg`; start, n_valid: int64 [1]; n_valid, the real
+    rows, default R); a ring cache keeps its window of them (export/draft_window.py)."""
     R = taps.shape[1]
     pos = start + torch.arange(R, dtype=torch.int64, device=taps.device)
     ctx = drafter.hidden_norm(project(taps.to(drafter.fc.weight.dtype), [drafter.fc])[0])
