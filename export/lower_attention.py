@@ -10,7 +10,11 @@ export/stream_entry_points.py: slot * L + l over the cache viewed as one stream 
 The kernel reads the whole cache in place with the layer as an argument, takes q and gives the result in
 the model's token-major layout (`g` = Hq / Hkv), and is named
 `dflash_attention_{S}x{Hkv}x{R}x{hd}_{L}x{C}[_s{scale bits}]_g{g}`.
-Decode (R = g, under ATTENTION_MIN_ROWS), prefill (a dynamic T) and the drafter's attention (over
+Decode (R = g rows) takes it too on an arch that has the skinny GEMM, so that decode and verify
+attend in one reduction order (the kernel's numerics contract: a row does not depend on R or on the
+keys read) and the whole step is row-invariant with export/lower_linear.py's rules. An arch without
+the GEMM cannot be row-invariant (IREE's matmuls are not), so its decode keeps IREE's attention op,
+faster at so few rows (ATTENTION_MIN_ROWS). Prefill (a dynamic T) and the drafter's attention (over
 [context, block], not the cache: no named op) stay IREE's.
 """
 
@@ -25,7 +29,8 @@ from .mlir import (add_functions, builtin_type, constant_float, constant_int, em
 from .lowered import Lowered, has_kernel
 from .ops import ATTENTION_OP
 
-# Query rows below this (decode: R = the g query heads of a KV group) keep IREE's fused attention op:
+# On an arch without the skinny GEMM, query rows below this (decode: R = the g query heads of a KV
+# group) keep IREE's fused attention op:
 # at the 8B shapes on the H200 it costs 10 µs a layer at 4 rows, where the kernel costs 14 µs, and
 # 138 µs at 64 rows, where the kernel costs 26 (bench/attention_bench.py, experiments/2026-11-30-block-attention/).
 ATTENTION_MIN_ROWS = 8
@@ -66,10 +71,11 @@ def _why_not(op, arch: str, min_rows: int):
     return None, (S, Hkv, R, D, L, C, Hq // Hkv, li, sc)
 
 
-def lower_attention(module, arch: str, min_rows: int = ATTENTION_MIN_ROWS):
+def lower_attention(module, arch: str, min_rows: int | None = None):
     """Lower every `dflash::block_attention` of MODULE for ARCH (module docstring).
 
-    min_rows: the query-row floor (1 in tests and benches: decode's rows through the kernel).
+    min_rows: the query-row floor; None: 1 on an arch with the skinny GEMM (row invariance), else
+    ATTENTION_MIN_ROWS (benches pass ATTENTION_MIN_ROWS for the rules before).
     Returns None when MODULE has no such op, else a `Lowered` (export/splice.py) whose entries are,
     per kernel shape, S, Hkv, R, head_dim, g and `ops` (calls); and per op left to IREE, the reason.
 
@@ -82,6 +88,8 @@ def lower_attention(module, arch: str, min_rows: int = ATTENTION_MIN_ROWS):
     ops = find_ops(module, "torch.operator", ATTENTION_OP)
     if not ops:
         return None
+    if min_rows is None:
+        min_rows = 1 if has_kernel(arch, "gemm") else ATTENTION_MIN_ROWS
     out = Lowered(rule={"kernel": has_kernel(arch, "attention"), "min_rows": min_rows})
     counts: dict[tuple, int] = {}
     for op in ops:

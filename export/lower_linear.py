@@ -2,13 +2,18 @@
 onto the skinny GEMM of kernels/gemm/, or onto IREE's matmul (the op's reference operand).
 
 A weight takes the kernel when the arch has it (dflash_iree/arch.py) and x [..., K], the weight
-[N, K] and the result are bf16 with a static M = prod(x's leading dims), GEMM_MIN_M <= M <= 64, a
-weight of at least `min_weight_bytes` and a shape the kernel takes (`why_unsupported`). The taken
+[N, K] and the result are bf16 with a static M = prod(x's leading dims), 1 <= M <= 64, and a shape
+the kernel takes (`why_unsupported`): every such weight at every M, decode's (M = 1) too, so that a
+row's sums do not depend on how many rows the call computes (the kernel's numerics contract,
+kernels/gemm/gemm_body.h): decode's logits row equals verify's, bit for bit, and drafted decoding
+equals plain decoding (issue #24; bench/row_invariance_check.py checks it on a GPU). The taken
 weights of one `linear` op go in runs of up to three (MAX_WEIGHTS) a dispatch, in the op's order
-(a layer's q, k and v; the drafter's context k and v of all its layers). At M = 1 (decode) only an op
-of exactly GEMM_M1_RUN taken weights (a layer's q, k and v) takes it. `linear_residual` and
-`linear_swiglu` take the dispatch's epilogue ("residual", "swiglu") at M >= GEMM_MIN_M. Everything
-else becomes the op's reference: IREE's own matmul, as if there were no named op.
+(a layer's q, k and v; the drafter's context k and v of all its layers); `linear_residual` and
+`linear_swiglu` take the dispatch's epilogue ("residual", "swiglu"). Everything else becomes the
+op's reference: IREE's own matmul, as if there were no named op.
+
+`row_invariant=False` gives the rules before (benches and the A/B of docs/benchmarks.md): M = 1
+keeps IREE's matvecs but for a layer's q, k and v, epilogues from M = GEMM_MIN_M, and a weight floor.
 """
 
 from __future__ import annotations
@@ -22,6 +27,11 @@ from .mlir import (add_functions, builtin_type, emit_call, find_ops, list_operan
 from .lowered import Lowered, has_kernel
 from .ops import LINEAR_OP, LINEAR_RESIDUAL_OP, LINEAR_SWIGLU_OP
 
+# Row invariance's price and gain on the H200 (experiments/2026-12-03-gpu-row-invariance/): plain decoding
+# at the Qwen3-8B shape 6.93 against 6.00 ms a step (the M = 1 kernels reach 0.70-0.79 of the copy
+# bandwidth where IREE's matvecs reach 0.96, and the block attention takes 0.56 against 0.37 ms);
+# verify and the DFlash round within noise; the demo pair faster (plain 1.11x, DFlash 1.13x).
+# The rules before row invariance (row_invariant=False), kept for the side-by-side benches:
 # M = 1 (decode) keeps IREE's own matvec for a lone weight and for gate + up: in IREE on the H200 it
 # ran the 8B layer at 0.63 of the copy bandwidth against 0.51 for the custom dispatch
 # (experiments/2026-11-30-skinny-gemm/), and grouping gate + up at M = 1 cost 0.5 ms more kernel time a step
@@ -107,12 +117,13 @@ def _gemm_function(M: int, Ns: tuple, K: int, arch: str, x_t: str, out_ts: list[
 
 
 def lower_linear(module, arch: str, min_weight_bytes: int = GEMM_MIN_WEIGHT_BYTES, epilogues: bool = True,
-                 decode_qkv: bool = True):
+                 decode_qkv: bool = True, row_invariant: bool = True):
     """Lower every linear named op of MODULE for ARCH (module docstring).
 
-    min_weight_bytes: the weight floor (0 in tests and benches, for tiny weights). epilogues: False
-    gives `linear_residual` and `linear_swiglu` to IREE (an experiment). decode_qkv: False keeps
-    M = 1 on IREE's matvecs entirely.
+    row_invariant: every weight the kernel takes at every M, decode (M = 1) included, with no weight
+    floor (module docstring). With row_invariant=False: min_weight_bytes, the weight floor (0 in tests
+    and benches, for tiny weights); decode_qkv: False keeps M = 1 on IREE's matvecs entirely.
+    epilogues: False gives `linear_residual` and `linear_swiglu` to IREE (an experiment).
 
     Returns None when MODULE has no such op, else a `Lowered` (export/splice.py) whose entries are,
     per kernel shape: M, N (a list for a group), K, `ops` (dispatches), `mms` (weights), the k splits
@@ -127,8 +138,12 @@ def lower_linear(module, arch: str, min_weight_bytes: int = GEMM_MIN_WEIGHT_BYTE
     ops = [op for name in LINEAR_OPS for op in find_ops(module, "torch.operator", name)]
     if not ops:
         return None
-    out = Lowered(rule={"kernel": has_kernel(arch, "gemm"), "min_m": GEMM_MIN_M, "m1_group": GEMM_M1_RUN if decode_qkv else None,
-                        "min_weight_bytes": min_weight_bytes, "epilogues": epilogues})
+    min_m = 1 if row_invariant else GEMM_MIN_M
+    min_weight_bytes = 0 if row_invariant else min_weight_bytes
+    out = Lowered(rule={"kernel": has_kernel(arch, "gemm"), "min_m": min_m,
+                        "m1_group": None if row_invariant or not decode_qkv else GEMM_M1_RUN,
+                        "min_weight_bytes": min_weight_bytes, "epilogues": epilogues,
+                        **({"row_invariant": True} if row_invariant else {})})
     counts: dict[tuple, list] = {}
     for op in ops:
         name = op_name(op)
@@ -151,13 +166,13 @@ def lower_linear(module, arch: str, min_weight_bytes: int = GEMM_MIN_WEIGHT_BYTE
             why = f"x {x_t} is not bf16 with static rows"
         if why is None and name != LINEAR_OP and not epilogues:
             why = "epilogues off"
-        if why is None and name != LINEAR_OP and M < GEMM_MIN_M:
-            why = f"M={M}: an epilogue takes M >= {GEMM_MIN_M}"
+        if why is None and name != LINEAR_OP and M < min_m:
+            why = f"M={M}: an epilogue takes M >= {min_m}"
         checked = [_weight_ok(w, M, K, arch, min_weight_bytes) for w in weights] if why is None else []
         taken = [i for i, (_, w_why) in enumerate(checked) if w_why is None]
         if why is None and name != LINEAR_OP and len(taken) != len(weights):
             why = next(w_why for _, w_why in checked if w_why)
-        if why is None and M < GEMM_MIN_M and (not decode_qkv or len(taken) != GEMM_M1_RUN):
+        if why is None and M < min_m and (not decode_qkv or len(taken) != GEMM_M1_RUN):
             why = f"M={M}: only a group of exactly {GEMM_M1_RUN} weights takes the kernel"
         if why is None:
             why = next((w_why for _, w_why in checked if w_why), None)  # reported; the others are taken

@@ -108,10 +108,11 @@ def exported(tmp_path_factory):
 
 
 @pytest.mark.parametrize("arch,T,taken", [("sm_80", 4, True), ("gfx1151", 4, True), ("host", 4, False),
-                                          ("sm_80", 1, False)])
+                                          ("sm_80", 1, True), ("gfx1030", 1, False)])
 def test_splice_takes_the_block_attention(exported, tmp_path, arch, T, taken):
-    """Verify's attention (T * g >= ATTENTION_MIN_ROWS rows) takes the kernel, one call per layer with the
-    cache read whole; decode's (R = g) and the host's go to IREE: the op's reference, the model's sdpa."""
+    """Verify's attention takes the kernel, one call per layer with the cache read whole, and so does
+    decode's (R = g) on an arch with the skinny GEMM (row invariance); decode's on gfx1030 (no GEMM:
+    under ATTENTION_MIN_ROWS) and the host's go to IREE: the op's reference, the model's sdpa."""
     ic = pytest.importorskip("iree.compiler")
     from dflash_iree.export import splice
     from dflash_iree.export.compile import compile_flags, resolve_arch
@@ -133,12 +134,16 @@ def test_splice_takes_the_block_attention(exported, tmp_path, arch, T, taken):
 
 
 def test_splice_min_rows(exported, tmp_path):
-    """min_rows lowers the floor (bench/attention_bench.py runs decode's 1-token attention through the kernel)."""
+    """min_rows sets the floor: ATTENTION_MIN_ROWS (the rules before row invariance) gives decode's
+    attention to IREE on sm_80, 1 takes it on gfx1030 (bench/attention_bench.py)."""
     pytest.importorskip("iree.compiler")
     from dflash_iree.export import splice
 
+    before = functools.partial(splice.lower_attention, min_rows=splice.ATTENTION_MIN_ROWS)
+    _, _, report = splice.splice_file(exported[1], tmp_path / "s.mlirbc", "sm_80", {"attention": before})
+    assert "attention" not in report and sum(report["iree"]["attention"].values()) == LAYERS
     take = functools.partial(splice.lower_attention, min_rows=1)
-    _, _, report = splice.splice_file(exported[1], tmp_path / "s.mlirbc", "sm_80", {"attention": take})
+    _, _, report = splice.splice_file(exported[1], tmp_path / "s.mlirbc", "gfx1030", {"attention": take})
     assert report["attention"][0]["R"] == 2
 
 

@@ -224,8 +224,9 @@ def _lower(src, tmp_path, arch, **options):
 
 
 @pytest.mark.parametrize("arch,M,taken", [("sm_80", 16, True), ("gfx1151", 8, True), ("host", 16, False),
-                                          ("gfx1030", 16, False), ("sm_80", 1, False), ("sm_80", 65, False)])
+                                          ("gfx1030", 16, False), ("sm_80", 1, True), ("sm_80", 65, False)])
 def test_splice_replaces_linear(tmp_path, arch, M, taken):
+    """A lone weight takes the dispatch at every M the kernel has, decode's M = 1 too (row invariance)."""
     ic = pytest.importorskip("iree.compiler")
     from dflash_iree.export import splice
 
@@ -244,20 +245,23 @@ def test_splice_replaces_linear(tmp_path, arch, M, taken):
 
 
 @pytest.mark.parametrize("N,taken", [(128, False), (4096, True)])
-def test_splice_leaves_small_weights_to_iree(tmp_path, N, taken):
-    """By default only weights of at least GEMM_MIN_WEIGHT_BYTES (4 MiB) take the dispatch."""
+def test_splice_leaves_small_weights_to_iree_in_the_rules_before(tmp_path, N, taken):
+    """With row_invariant=False only weights of at least GEMM_MIN_WEIGHT_BYTES (4 MiB) take the
+    dispatch; by default every weight does (no floor: row invariance)."""
     pytest.importorskip("iree.compiler")
     from dflash_iree.export import splice
 
-    _, _, report = _lower(_export_linears(tmp_path, 16, "project", Ns=(N,)), tmp_path, "sm_80",
-                          min_weight_bytes=splice.GEMM_MIN_WEIGHT_BYTES)
+    src = _export_linears(tmp_path, 16, "project", Ns=(N,))
+    _, _, report = _lower(src, tmp_path, "sm_80", min_weight_bytes=splice.GEMM_MIN_WEIGHT_BYTES, row_invariant=False)
     assert ("gemm" in report) == taken and (2 * N * 512 >= splice.GEMM_MIN_WEIGHT_BYTES) == taken
+    _, _, report = _lower(src, tmp_path, "sm_80", min_weight_bytes=splice.GEMM_MIN_WEIGHT_BYTES)
+    assert "gemm" in report and "iree" not in report
 
 
 @pytest.mark.parametrize("M", [16, 1])
 def test_splice_groups_the_weights_of_one_op(tmp_path, M):
-    """q, k and v (one op) become one grouped dispatch, also at M = 1 (decode); a lone weight at M = 1
-    stays IREE's matvec, faster there."""
+    """q, k and v (one op) become one grouped dispatch, also at M = 1 (decode); a lone weight too; in
+    the rules before (row_invariant=False) a lone weight at M = 1 stays IREE's matvec."""
     ic = pytest.importorskip("iree.compiler")
     from dflash_iree.export import splice
 
@@ -271,22 +275,26 @@ def test_splice_groups_the_weights_of_one_op(tmp_path, M):
 
     assert len(ic.compile_file(str(out), extra_args=device_flags("sm_80") + flags)) > 10000
     _, _, lone = _lower(_export_linears(tmp_path, M, "project", Ns=(N,), K=K), tmp_path, "sm_80")
+    assert "gemm" in lone
+    _, _, lone = _lower(_export_linears(tmp_path, M, "project", Ns=(N,), K=K), tmp_path, "sm_80", row_invariant=False)
     assert ("gemm" in lone) == (M > 1)
 
 
 @pytest.mark.parametrize("M", [16, 1])
 def test_splice_runs_of_three(tmp_path, M):
     """Five weights of one op (the drafter's context k and v of its layers) become a run of 3 and a run
-    of 2, in the op's order; at M = 1 only an op of exactly three (a layer's q, k and v) is taken."""
+    of 2, in the op's order, at any M; in the rules before (row_invariant=False), at M = 1 only an op
+    of exactly three (a layer's q, k and v) is taken."""
     pytest.importorskip("iree.compiler")
 
     ns = (64, 80, 96, 112, 128)
-    out, _, report = _lower(_export_linears(tmp_path, M, "project", Ns=ns, K=384), tmp_path, "sm_80")
+    src = _export_linears(tmp_path, M, "project", Ns=ns, K=384)
+    _, _, report = _lower(src, tmp_path, "sm_80")
+    assert [g["N"] for g in report["gemm"]] == [[64, 80, 96], [112, 128]]
     if M == 1:
+        _, _, report = _lower(src, tmp_path, "sm_80", row_invariant=False)
         assert "gemm" not in report and report["iree"]["gemm"] == {"M=1: only a group of exactly 3 weights takes "
                                                                    "the kernel": 5}
-        return
-    assert [g["N"] for g in report["gemm"]] == [[64, 80, 96], [112, 128]]
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "gfx1151"])

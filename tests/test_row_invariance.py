@@ -20,7 +20,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "models" / "demo"
@@ -33,49 +32,13 @@ TIE_PREFIX = [535, 1100, 64, 1741, 9, 1142, 13, 1160, 13, 892, 290, 279, 433, 10
 TIE_BLOCK = [391, 429, 5725, 15, 53, 864, 64, 2315]
 
 
-def _logits_and_layers(m, tokens, start, pages):
-    """The body of the `*_logits` functions: the target's step, returning its float32 logits and taps."""
-    from dflash_iree.export.entry_points import _read_len
-
-    _, logits, taps = m.target(tokens, start, None, read_len=_read_len(pages))
-    return logits, taps
-
-
-def _chosen(m, tokens, start, pages):
-    """The body of the `*_chosen` functions: the target's greedy tokens only, as production computes them."""
-    from dflash_iree.export.entry_points import _read_len
-
-    return m.target(tokens, start, None, read_len=_read_len(pages))[0]
-
-
 def export_debug(work: Path) -> tuple[Path, int, int, int]:
-    """The demo target (every layer tapped) with `prefill` and the debug functions, exported and
-    spliced for the host into folder `work`. Returns (spliced module, layers, hidden, vocab)."""
-    from dflash_iree.config import load_drafter_config, load_target_config
-    from dflash_iree.export import aot, entry_points as ep
-    from dflash_iree.export.dflash import DFlashDrafter
-    from dflash_iree.export.qwen3 import Qwen3
+    """The demo target (every layer tapped) with `prefill` and the debug functions (export/row_check.py),
+    exported and spliced for the host into folder `work`. Returns (spliced module, layers, hidden, vocab)."""
+    from dflash_iree.export.row_check import export_row_module
     from dflash_iree.export.splice import splice_file
 
-    tcfg = load_target_config(DEMO / "target")
-    dcfg = load_drafter_config(DEMO / "drafter", tcfg)
-    L, H, V = tcfg.num_hidden_layers, tcfg.hidden_size, tcfg.vocab_size
-    with torch.device("meta"):
-        target = Qwen3(tcfg, CONTEXT, tuple(range(L)), 1, torch.bfloat16, attention="matmul")
-        drafter = DFlashDrafter(dcfg, CONTEXT, B, 1, torch.bfloat16, attention="matmul")
-    pair = aot.Pair(target, drafter).eval()
-    pair.requires_grad_(False)
-    T = ep.TensorSpec
-    args = lambda t: (T("tokens", (1, t), "i64"), T("start", (1,), "i64"), T("pages", ("P",), "i8"))  # noqa: E731
-    debug = []
-    for kind, t in (("decode", 1), ("verify", B)):
-        debug.append((ep.EntryPoint(f"{kind}_logits", "target", args(t),
-                                    (T("logits", (1, t, V), "f32"), T("taps", (1, t, L * H), "bf16")), kind),
-                      _logits_and_layers))
-        debug.append((ep.EntryPoint(f"{kind}_chosen", "target", args(t), (T("chosen", (1, t), "i64"),), kind), _chosen))
-    shapes = ep.ExportShapes(1, B, CONTEXT, "bf16", L * H)
-    out, _ = aot.export_module(pair, shapes, sampled=False, only=("prefill",), debug=debug)
-    out.save_mlir(work / "m.mlir")
+    L, H, V = export_row_module(DEMO / "target", DEMO / "drafter", work / "m.mlir", B, CONTEXT, "matmul")
     src, _, _ = splice_file(work / "m.mlir", work / "spliced.mlirbc", "host")
     return src, L, H, V
 
@@ -94,6 +57,7 @@ def _rows(mlir: Path, flags: list[str], L: int, H: int, V: int, prompt=None, blo
     from dflash_iree.checkpoint import index_checkpoint
     from dflash_iree.export.entry_points import KV_PAGE
     from dflash_iree.export.iree_tool import run_iree_compile
+    from dflash_iree.export.row_check import DEBUG_FUNCTIONS, compare_rows
 
     vmfb = mlir.with_name(f"m{abs(hash(tuple(flags)))}.vmfb")
     if not vmfb.exists():
@@ -105,34 +69,17 @@ def _rows(mlir: Path, flags: list[str], L: int, H: int, V: int, prompt=None, blo
     vm = rt.VmModule.mmap(inst, str(vmfb))
     ctx = rt.VmContext(inst, modules=[rt.create_hal_module(inst, dev),
                                       rt.create_io_parameters_module(inst, index.create_provider(scope="target")), vm])
-    names = ("prefill", "decode_logits", "verify_logits", "decode_chosen", "verify_chosen")
-    fn = {n: rt.FunctionInvoker(ctx, dev, vm.lookup_function(n)) for n in names}
-    host = lambda xs: [np.asarray(x.to_host()) for x in (xs if isinstance(xs, (list, tuple)) else [xs])]  # noqa: E731
+    fn = {n: rt.FunctionInvoker(ctx, dev, vm.lookup_function(n)) for n in DEBUG_FUNCTIONS}
     rng = np.random.default_rng(0)
-    prompt = rng.integers(10, V, PROMPT) if prompt is None else np.array(prompt)
-    block = rng.integers(10, V, B) if block is None else np.array(block)
-    n = len(prompt)
-    pages = lambda rows: np.zeros(-(-rows // KV_PAGE), np.int8)  # noqa: E731 (as the runtime sizes them)
-    fn["prefill"](prompt[None], np.array([0]), pages(n), np.zeros((1, 1), np.int64))
-    # the verify first; decode j then rewrites position n + j's cache row with the same key and value
-    lv, tv = host(fn["verify_logits"](block[None], np.array([n]), pages(n + B)))
-    (cv,) = host(fn["verify_chosen"](block[None], np.array([n]), pages(n + B)))
-    dec = [host(fn["decode_logits"](block[None, j:j + 1], np.array([n + j]), pages(n + j + 1))) for j in range(B)]
-    chosen = [host(fn["decode_chosen"](block[None, j:j + 1], np.array([n + j]), pages(n + j + 1)))[0] for j in range(B)]
-    return {"verify logits": lv[0].view(np.uint32),
-            "decode logits": np.stack([d[0][0, 0] for d in dec]).view(np.uint32),
-            "verify layers": tv.view(np.uint16).reshape(B, L, H),
-            "decode layers": np.stack([d[1].view(np.uint16).reshape(L, H) for d in dec]),
-            "verify chosen": cv[0], "decode chosen": np.array([c[0, 0] for c in chosen])}
+    prompt = rng.integers(10, V, PROMPT) if prompt is None else prompt
+    block = rng.integers(10, V, B) if block is None else block
+    return compare_rows(fn, L, H, V, B, prompt, block, KV_PAGE)
 
 
 def _parts(rows: dict) -> dict[str, int]:
-    """Differing elements per layer, of the logits and of the greedy tokens, over the block's rows."""
-    out = {f"layer {i}": int((rows["verify layers"][:, i] != rows["decode layers"][:, i]).sum())
-           for i in range(rows["decode layers"].shape[1])}
-    out["logits"] = int((rows["verify logits"] != rows["decode logits"]).sum())
-    out["chosen"] = int((rows["verify chosen"] != rows["decode chosen"]).sum())
-    return out
+    from dflash_iree.export.row_check import parts
+
+    return parts(rows)
 
 
 def _host_flags() -> list[str]:

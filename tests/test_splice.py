@@ -235,8 +235,8 @@ def test_strict_names_the_op_given_to_iree(tmp_path):
 
     m = One()
     aot.externalize_module_parameters(m)
-    aot.export(m, args=(torch.zeros(1, 4, 64, dtype=torch.bfloat16),)).save_mlir(tmp_path / "m.mlir")
-    with pytest.raises(DFlashError, match="gemm gave ops to IREE on sm_80.*weight under"):
+    aot.export(m, args=(torch.zeros(1, 65, 64, dtype=torch.bfloat16),)).save_mlir(tmp_path / "m.mlir")
+    with pytest.raises(DFlashError, match="gemm gave ops to IREE on sm_80.*M=65 rows outside 1..64"):
         splice.splice_file(tmp_path / "m.mlir", tmp_path / "s.mlirbc", "sm_80", strict=True)
     _, _, report = splice.splice_file(tmp_path / "m.mlir", tmp_path / "s.mlirbc", "host", strict=True)
     assert report["iree"]["gemm"] == {"arch host has no skinny GEMM kernel": 1}

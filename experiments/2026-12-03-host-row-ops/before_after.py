@@ -32,9 +32,10 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=16)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--device", default=None, help="IREE device (default: the artifacts'; cuda on the H200)")
     args = ap.parse_args()
     t, d = str(ROOT / "models/demo/target"), str(ROOT / "models/demo/drafter")
-    engines = {"before": Engine.load(args.before, t, d), "after": Engine.load(args.after, t, d)}
+    engines = {"before": Engine.load(args.before, t, d, args.device), "after": Engine.load(args.after, t, d, args.device)}
     prompts = [engines["after"].encode_prompt(p) for p in read_prompts(ROOT / "bench/prompts/code.jsonl", args.limit)]
     arms = [(b, s) for b in engines for s in (False, True)]
     name = lambda b, s: f"{b} {'DFlash' if s else 'plain'}"  # noqa: E731
