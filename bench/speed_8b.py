@@ -61,7 +61,7 @@ def artifact_dir(arch: str, block: int, variant: str = "") -> Path:
 
 
 # What `prepare --without` can leave out, for a variant measured beside the full build.
-WITHOUT = ("epilogues", "decode-qkv", "norm-rope-pairs")
+WITHOUT = ("epilogues", "decode-qkv", "norm-rope-pairs", "row-invariant", "decode-steps")
 
 
 def prepare(arch: str, blocks: list[int], variant: str = "", without: tuple[str, ...] = ()) -> None:
@@ -69,22 +69,27 @@ def prepare(arch: str, blocks: list[int], variant: str = "", without: tuple[str,
     .gpu/ (git-ignored; carry it). WITHOUT (with a VARIANT name): "epilogues", o_proj, down_proj and
     gate/up with their elementwise ops on IREE's matmuls (the linears with an epilogue); "decode-qkv",
     decode's q, k and v as IREE's three matvecs; "norm-rope-pairs", q's and k's norm + rope as two
-    dispatches."""
+    dispatches; "row-invariant", the lowerings before row invariance (decode's lone weights, gate/up and
+    attention on IREE's ops, the 4 MiB weight floor: bench/row_invariance_check.py's "before" build);
+    "decode-steps", no `decode_steps` entry point (one plain step a call)."""
     import functools
 
     from dflash_iree.export import splice
     from dflash_iree.export.compile import compile_artifacts, resolve_arch
 
     splices = dict(splice.LOWERINGS)
-    if {"epilogues", "decode-qkv"} & set(without):
+    if {"epilogues", "decode-qkv", "row-invariant"} & set(without):
         splices["gemm"] = functools.partial(splice.lower_linear, epilogues="epilogues" not in without,
-                                            decode_qkv="decode-qkv" not in without)
+                                            decode_qkv="decode-qkv" not in without,
+                                            row_invariant="row-invariant" not in without)
     if "norm-rope-pairs" in without:
         splices["norm_rope"] = functools.partial(splice.lower_norm_rope, pairs=False)
+    if "row-invariant" in without:
+        splices["attention"] = functools.partial(splice.lower_attention, min_rows=splice.ATTENTION_MIN_ROWS)
     name = resolve_arch(arch)[0].name
     for block in blocks:
         compile_artifacts(arch, TARGET, DRAFTER, artifact_dir(name, block, variant), block_size=block, dtype="bf16",
-                          splices=splices if without else None)
+                          splices=splices if without else None, decode_steps=0 if "decode-steps" in without else None)
 
 
 # ---------------------------------------------------------------- on the GPU

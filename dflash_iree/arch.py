@@ -25,7 +25,8 @@ class Arch:
     people. kernels: the custom kernels of kernels/ with objects for it (KERNELS' names).
     attention: the attention form the backend runs best (export/qwen3.py): IREE's fused attention op
     on GPUs ("fused"), matmul + softmax + matmul on the CPU ("matmul"), 1.5x faster there
-    (docs/benchmarks.md, host demo).
+    (docs/benchmarks.md, host demo). decode_steps: k of the `decode_steps` entry point a one-stream
+    dense compile gets by default (plain decode steps in one call), 0 for none.
     """
 
     name: str
@@ -34,6 +35,7 @@ class Arch:
     about: str
     kernels: tuple[str, ...]
     attention: str = "fused"
+    decode_steps: int = 0
 
     @property
     def backend(self) -> str:
@@ -66,6 +68,13 @@ def _cpu(cpu: str, triple: str | None = None) -> tuple[str, ...]:
 # (docs/benchmarks.md, "Qwen3-8B shapes"). `--iree-opt-level=O3` and the aggressive dispatch-creation
 # fusion flags cut further (656) but make the compile many times slower, so they are left out.
 GPU_OPT = ("--iree-global-optimization-opt-level=O3",)
+# Plain greedy decoding's steps a call on GPUs: the pinned CUDA HAL returns from each invocation only
+# when its work is done, so the host's time between calls is paid once per k steps. At the Qwen3-8B
+# shape on the H200 a token took 7.23 ms at k = 1, 6.91 at 2, 6.81 at 4 and 6.66 at 8, same tokens
+# (experiments/2026-12-03-decode-steps/); the module barely grows (the steps share executables), but
+# the export traces each step: k = 8 greedy and sampled made the 8B export minutes longer, so k = 4,
+# greedy only. The HIP HAL is not measured (no AMD GPU here): the same k. The host keeps one step a call.
+GPU_DECODE_STEPS = 4
 
 
 def _hip(chip: str) -> tuple[str, ...]:
@@ -97,13 +106,20 @@ _GPU = ("topk", "gemm", "attention", "norm_rope")
 
 ARCHS: dict[str, Arch] = {a.name: a for a in (
     Arch("host", "local-task", _cpu("host"), "llvm-cpu for this machine's CPU", _HOST, attention="matmul"),
-    Arch("gfx1030", "hip", (f"--iree-hal-target-device={_GFX1030}", *GPU_OPT), "RDNA2 (RX 6800/6900)", _RDNA2),
-    Arch("gfx1100", "hip", _hip("gfx1100"), "RDNA3 (RX 7900 XTX/XT, W7900)", _GPU),
-    Arch("gfx1151", "hip", _hip("gfx1151"), "RDNA3.5 (Strix Halo, Ryzen AI Max)", _GPU),
-    Arch("gfx1201", "hip", _hip("gfx1201"), "RDNA4 (RX 9070 XT)", _GPU),
-    Arch("sm_80", "cuda", _cuda("sm_80"), "Ampere (A100); its PTX also runs on Hopper", _GPU),
-    Arch("sm_86", "cuda", _cuda("sm_86"), "Ampere (RTX 30xx, A10, A40)", _GPU),
-    Arch("sm_89", "cuda", _cuda("sm_89"), "Ada (RTX 40xx, L4, L40S)", _GPU),
+    Arch("gfx1030", "hip", (f"--iree-hal-target-device={_GFX1030}", *GPU_OPT), "RDNA2 (RX 6800/6900)", _RDNA2,
+         decode_steps=GPU_DECODE_STEPS),
+    Arch("gfx1100", "hip", _hip("gfx1100"), "RDNA3 (RX 7900 XTX/XT, W7900)", _GPU,
+         decode_steps=GPU_DECODE_STEPS),
+    Arch("gfx1151", "hip", _hip("gfx1151"), "RDNA3.5 (Strix Halo, Ryzen AI Max)", _GPU,
+         decode_steps=GPU_DECODE_STEPS),
+    Arch("gfx1201", "hip", _hip("gfx1201"), "RDNA4 (RX 9070 XT)", _GPU,
+         decode_steps=GPU_DECODE_STEPS),
+    Arch("sm_80", "cuda", _cuda("sm_80"), "Ampere (A100); its PTX also runs on Hopper", _GPU,
+         decode_steps=GPU_DECODE_STEPS),
+    Arch("sm_86", "cuda", _cuda("sm_86"), "Ampere (RTX 30xx, A10, A40)", _GPU,
+         decode_steps=GPU_DECODE_STEPS),
+    Arch("sm_89", "cuda", _cuda("sm_89"), "Ada (RTX 40xx, L4, L40S)", _GPU,
+         decode_steps=GPU_DECODE_STEPS),
 )}
 
 _HOPPER = ("the pinned iree-base-compiler 3.13 has no sm_90 target (iree-org/iree#22147); sm_80 PTX is "

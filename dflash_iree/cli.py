@@ -120,7 +120,7 @@ def cmd_compile(args) -> int:
 
     compile_artifacts(args.arch, args.target, args.drafter, args.out, args.block_size, args.max_context, args.dtype,
                       args.streams, use_cache=not args.no_export_cache, draft_top_k=args.draft_top_k,
-                      target_bits=args.target_bits, drafter_bits=args.drafter_bits)
+                      target_bits=args.target_bits, drafter_bits=args.drafter_bits, decode_steps=args.decode_steps)
     return 0
 
 

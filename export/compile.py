@@ -63,6 +63,7 @@ class Plan:
     draft_top_k: int = DEFAULT_DRAFT_TOP_K
     attention: str = "fused"  # the arch's attention form (Arch.attention)
     prefill_chunk: int = 0  # prefill's static rows (a hybrid target, export/hybrid.py); 0: dynamic
+    decode_steps: int = 0  # k of the `decode_steps` entry point (plain steps a call); 0: none
     entries: list = field(default_factory=list)  # filled by export_mlir
     parameters: dict = field(default_factory=dict)  # scope -> key -> {shape, dtype}
     state: dict = field(default_factory=dict)  # module-initialized globals (the caches)
@@ -73,11 +74,12 @@ class Plan:
 
 
 MAX_STREAMS = 64  # each stream is a whole KV cache slot (S x max_context rows); more is a memory mistake
+MAX_DECODE_STEPS = 16  # each step is a whole decode graph in the module: compile time grows with k
 
 def plan(target_dir: str | Path, drafter_dir: str | Path, block_size: int | None = None,
          max_context: int | None = None, dtype: str | None = None, streams: int = 1, sampled: bool = True,
          draft_top_k: int = DEFAULT_DRAFT_TOP_K, attention: str = "fused", *,
-         target_bits: int | None = None, drafter_bits: int | None = None) -> Plan:
+         target_bits: int | None = None, drafter_bits: int | None = None, decode_steps: int = 0) -> Plan:
     """Read and check the two config.json files and the options. Reads no weights, writes nothing.
 
     streams: the leading stream dimension S of every entry point and cache, 1..MAX_STREAMS: the
@@ -87,6 +89,10 @@ def plan(target_dir: str | Path, drafter_dir: str | Path, block_size: int | None
     draft_top_k: K of the `draft_topk` entry point (the draft's top-K ids and log-probs), 1..64 and
     at most the vocabulary; 0 compiles no such entry point.
     attention: the attention form to export, the target arch's `Arch.attention`.
+    decode_steps: k of the `decode_steps` entry point (k plain decode steps in one call, each
+        step's token fed to the next on the device), 2..MAX_DECODE_STEPS; 0 or 1 compiles none. One
+        stream, dense (Qwen3) targets only: steps past a stop are rolled back by length, which a
+        recurrent state cannot be.
     target_bits, drafter_bits: quantize on load (dflash_iree/quant.py): checked, and refused while the
         runtime cannot quantize as it binds (issue #28; the eager reference runs them). A 4-bit MLX
         or compressed-tensors checkpoint is read as its config.json says (`Plan.quantization`).
@@ -94,7 +100,7 @@ def plan(target_dir: str | Path, drafter_dir: str | Path, block_size: int | None
     Raises:
         DFlashError: a missing config, an unsupported family, a drafter that does not fit the
             target, block_size / max_context / dtype / streams (a hybrid target: above 1) / draft_top_k
-            out of range, a bits option (not compiled yet), a 4-bit format dflash_iree/quant.py
+            / decode_steps (with streams above 1 or a hybrid target: above 1) out of range, a bits option (not compiled yet), a 4-bit format dflash_iree/quant.py
             refuses, a GGUF folder, or a 4-bit hybrid target.
     """
     from dflash_iree.kernels.topk import MAX_K
@@ -125,8 +131,15 @@ def plan(target_dir: str | Path, drafter_dir: str | Path, block_size: int | None
     if not 0 <= draft_top_k <= most:
         raise DFlashError(f"--draft-top-k {draft_top_k} is out of range: use 1..{most} (the top-K kernel's limit, "
                           "and at most the vocabulary), or 0 for no draft_topk entry point")
+    if not 0 <= decode_steps <= MAX_DECODE_STEPS:
+        raise DFlashError(f"--decode-steps {decode_steps} is out of range: use 2..{MAX_DECODE_STEPS} (plain decode "
+                          "steps in one call), or 0 for none")
+    if decode_steps > 1 and (streams > 1 or hybrid.is_hybrid(tcfg)):
+        raise DFlashError(f"--decode-steps {decode_steps}: several decode steps in one call need one stream and a "
+                          "dense target (steps past a stop roll back by length); leave --decode-steps out")
     return Plan(tcfg, dcfg, block, max_context, dtype, streams, sampled, draft_top_k, attention,
-                prefill_chunk=hybrid.prefill_chunk(tcfg), quantization=formats)
+                prefill_chunk=hybrid.prefill_chunk(tcfg), quantization=formats,
+                decode_steps=decode_steps if decode_steps > 1 else 0)
 
 
 def _check_4bit(tcfg: TargetConfig, dcfg: DrafterConfig, target_bits, drafter_bits) -> dict:
@@ -245,7 +258,7 @@ def export_key(p: Plan) -> str:
         "target": {k: v for k, v in p.target.to_dict().items() if k != "folder"},
         "drafter": {k: v for k, v in p.drafter.to_dict().items() if k != "folder"},
         "options": [p.block_size, p.max_context, p.dtype, p.streams, p.sampled, p.draft_top_k, p.attention,
-                    p.prefill_chunk],
+                    p.prefill_chunk] + ([p.decode_steps] if p.decode_steps else []),
         # the packed layers' names, dtypes and shapes are the module's parameters: a 4-bit and a bf16
         # checkpoint of one config export differently, as do two group sizes or formats
         "quantization": {s: (f.to_dict() if f else None) for s, f in p.quantization.items()},
@@ -411,9 +424,10 @@ def compile_artifacts(arch: str, target_dir, drafter_dir, out_dir=None, block_si
                       log=None, record: bool = False, use_cache: bool = True,
                       draft_top_k: int = DEFAULT_DRAFT_TOP_K, splices: dict | None = None,
                       attention: str | None = None, target_bits: int | None = None,
-                      drafter_bits: int | None = None) -> Manifest:
+                      drafter_bits: int | None = None, decode_steps: int | None = None) -> Manifest:
     """The whole `dflash-iree compile`: plan, export (or reuse a cached export), lower (`splices` as
-    there; `attention` in place of the arch's own form, a compile experiment). Returns the manifest."""
+    there; `attention` in place of the arch's own form, a compile experiment; `decode_steps` None: the
+    arch's `Arch.decode_steps` for a one-stream dense pair, else none). Returns the manifest."""
     log = log or Progress()
     resolved, note = resolve_arch(arch)
     if note:
@@ -421,8 +435,12 @@ def compile_artifacts(arch: str, target_dir, drafter_dir, out_dir=None, block_si
     if (attention or resolved.attention) == "fused" and not resolved.has("norm_rope"):
         raise DFlashError(f"attention form 'fused' exports the q/k norm + rope custom op, which has a kernel on GPU "
                           f"archs only ({', '.join(kernel_archs('norm_rope'))}), not {resolved.name}: compile the 'matmul' form")
+    if decode_steps is None:
+        dense = not hybrid.is_hybrid(load_target_config(target_dir))
+        decode_steps = resolved.decode_steps if streams == 1 and dense else 0
     p = plan(target_dir, drafter_dir, block_size, max_context, dtype, streams, sampled, draft_top_k,
-             attention or resolved.attention, target_bits=target_bits, drafter_bits=drafter_bits)
+             attention or resolved.attention, target_bits=target_bits, drafter_bits=drafter_bits,
+             decode_steps=decode_steps)
     _refuse_4bit_arch(p, resolved)
     if out_dir is not None and not str(out_dir).strip():
         raise DFlashError("--out is empty; give a folder, or leave --out out for compiled/ARCH")

@@ -56,6 +56,7 @@ class ExportShapes:
     tap_width: int  # n_taps * hidden_size
     kv_page: int = KV_PAGE
     draft_top_k: int = 0  # K of the `draft_topk` entry point; 0: no such entry point
+    decode_steps: int = 0  # k of the `decode_steps` entry point (k >= 2 plain steps a call); 0: none
     # prefill's static row count (a hybrid target's chunk: its DeltaNet loops unroll over the
     # rows); 0: prefill takes the dynamic T
     prefill_chunk: int = 0
@@ -80,7 +81,7 @@ def export_shapes(plan) -> ExportShapes:
     """ExportShapes of a compile plan (export/compile.py `Plan`)."""
     return ExportShapes(plan.streams, plan.block_size, plan.max_context, plan.dtype,
                         plan.drafter.num_taps * plan.target.hidden_size, draft_top_k=plan.draft_top_k,
-                        prefill_chunk=plan.prefill_chunk)
+                        prefill_chunk=plan.prefill_chunk, decode_steps=plan.decode_steps)
 
 
 
@@ -125,9 +126,18 @@ def entry_points(shapes: ExportShapes, sampled: bool = True) -> list[EntryPoint]
          "chosen, round[:, B:2B-1] the next draft, round[:, 2B-1] the accepted rows (accepted + 1); "
          "taps (keep on the device) serve a separate `draft` when the host commits another count."),
     ]
+    k = shapes.decode_steps
+    if k:
+        steps.insert(3, ("decode_steps", (tokens(1), start, pages), (chosen(k), TensorSpec("last", (S, 1), "i64")), (),
+                         f"Plain greedy decoding, {k} steps in one call: step i (at start + i) takes step i - 1's "
+                         f"token on the device; chosen[:, i] is step i's token, last the final one (the next "
+                         f"call's tokens). pages cover start + {k} rows. Greedy only: a sampled request decodes "
+                         "one step a call."))
     out = []
     for suffix, extra in (("", ()), ("_sampled", sampling)) if sampled else (("", ()),):
         for name, inputs, writes, results, doc in steps:
+            if name == "decode_steps" and extra:
+                continue  # greedy only: k sampled steps trace k vocab-wide samplers, minutes at 8B
             out.append(EntryPoint(name + suffix, "target", inputs + extra + writes, results, doc,
                                   tuple(w.name for w in writes)))
     out.append(EntryPoint(
@@ -205,6 +215,25 @@ def decode(m, tokens, start, pages, chosen):
 
 def decode_sampled(m, tokens, start, pages, temperature, top_k, top_p, seed, chosen):
     _step_into(m, tokens, start, pages, Sampling(temperature, top_k, top_p, seed), chosen)
+    return ()
+
+
+def _decode_steps_into(m, tokens, start, pages, sampling: Sampling | None, chosen, last=None) -> None:
+    """k = chosen.shape[1] plain decode steps in one call: step 0 takes tokens [S, 1] int64, step i
+    (at start + i) step i - 1's chosen token, on the device; chosen [S, k] int64 gets the k tokens
+    and `last` [S, 1] the final one. Each step is `decode`'s graph (the same ops at one row), and
+    attention reads the pages sized for the last step: masked keys add exact zeros, as in verify."""
+    tok, out = tokens, []
+    for i in range(chosen.shape[1]):
+        tok, _ = _step(m, tok, start + i, pages, sampling)
+        out.append(tok)
+    chosen.copy_(torch.cat(out, dim=1))
+    if last is not None:
+        last.copy_(tok)
+
+
+def decode_steps(m, tokens, start, pages, chosen, last=None):
+    _decode_steps_into(m, tokens, start, pages, None, chosen, last)
     return ()
 
 
@@ -297,5 +326,6 @@ def draft_topk_sampled(m, taps, ctx_start, n_valid, anchor, pages, temperature, 
 
 
 BODIES = {f.__name__: f for f in (prefill, prefill_sampled, verify, verify_sampled, decode, decode_sampled,
+                                   decode_steps,
                                    verify_draft, verify_draft_sampled, absorb, draft, draft_sampled, draft_topk,
                                    draft_topk_sampled)}

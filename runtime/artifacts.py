@@ -245,7 +245,7 @@ class Artifacts:
         shapes = self.manifest.shapes
         pair = CompiledPair(device, functions, self.block_size, shapes["kv_page"], shapes["tap_width"],
                             numpy_dtype(self.manifest.dtype), context, vm_module, int(self.manifest.draft_top_k),
-                            int(shapes.get("prefill_chunk", 0)))
+                            int(shapes.get("prefill_chunk", 0)), int(shapes.get("decode_steps", 0)))
         pair._keep = (instance, context, vm_module)  # the functions need these alive
         return pair
 

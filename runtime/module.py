@@ -105,12 +105,14 @@ class CompiledPair:
         top_k: the manifest's `draft_top_k`, K of `draft_topk` (0: none).
         prefill_chunk: the manifest's `shapes.prefill_chunk`: `prefill`'s static rows (a hybrid
             target, export/hybrid.py); 0: prefill takes the whole prompt.
+        decode_steps: k of the `decode_steps` entry point (k plain steps a call; 0: none), the
+            manifest's `shapes.decode_steps`.
     """
 
     def __init__(self, device, functions: dict, block_size: int, kv_page: int, tap_width: int, tap_dtype,
-                 context=None, vm_module=None, top_k: int = 0, prefill_chunk: int = 0):
+                 context=None, vm_module=None, top_k: int = 0, prefill_chunk: int = 0, decode_steps: int = 0):
         self.device, self.fn, self.top_k = device, functions, top_k
-        self.prefill_chunk = prefill_chunk
+        self.prefill_chunk, self.decode_steps = prefill_chunk, decode_steps
         self._context, self._vm_module = context, vm_module
         self.block_size, self.kv_page = block_size, kv_page
         self._zero_taps = np.zeros((1, block_size, tap_width), tap_dtype)
@@ -204,13 +206,16 @@ class CompiledPair:
         return int(self._read(chosen)[0, -1])
 
     def decode_ahead(self, token: int, start: int, n: int) -> Iterator[int]:
-        """Plain decoding of `n` tokens after `token` (at position `start`), the device one step ahead.
+        """Plain decoding of `n` tokens after `token` (at position `start`), the device one call ahead.
 
-        Step i (the token at start + i) is queued before step i - 1's token reaches the host; its
-        input token is the pinned buffer step i - 1 wrote. The tokens are those of n `decode` calls.
-        On the pinned CUDA HAL an invocation returns only when its step is done, so the gain is the
-        cheaper argument and result handling, not overlap (docs/architecture.md, "Where a step's time
-        goes"). One request at a time: no other call may run on this pair while the generator is open.
+        With a `decode_steps` entry point of k steps (greedy only), a greedy request's first n // k * k
+        tokens come k to a call, the rest one to a `decode` call. Call c is queued before call c - 1's tokens reach the host;
+        its input token is the pinned buffer call c - 1 wrote its last token into. The tokens are
+        those of n `decode` calls (each step is decode's graph; tests/test_decode_steps.py). On the
+        pinned CUDA HAL an invocation returns only when its work is done, so the gain of running
+        ahead is the cheaper argument and result handling, not overlap, and the gain of k steps a
+        call is k - 1 fewer invocations (docs/architecture.md, "Where a step's time goes"). One
+        request at a time: no other call may run on this pair while the generator is open.
 
         Args:
             token: the last committed token, at position `start` (int, tokens).
@@ -218,7 +223,7 @@ class CompiledPair:
 
         Yields:
             the n next tokens (int), in order. A consumer that stops early (a stop token) leaves
-            at most one step run past the last token it took: that step's KV rows lie past the
+            at most two calls run past the last token it took: their KV rows lie past the
             committed length, which rollback by length discards. Closing the generator waits for
             the device.
         """
@@ -230,33 +235,39 @@ class CompiledPair:
             return
         import iree.runtime as rt
 
-        steps = self.device.create_semaphore(0)
+        k = self.decode_steps
+        fn_k = self._async_function("decode_steps") if k > 1 and not self._suffix else None  # greedy only
+        sizes = [k] * (n // k) + [1] * (n % k) if fn_k is not None else [1] * n
+        first = [start + sum(sizes[:c]) for c in range(len(sizes))]  # call c's first position
+        calls = self.device.create_semaphore(0)
         tokens = self._i64([[token]])
         issued = 0
 
-        def issue(i: int):
-            # step i writes slot i % 2 and reads slot (i - 1) % 2 (step 0: the staged token); the
-            # host has read step i - 2's token, which was in slot i % 2, before it queues step i
+        def issue(c: int):
+            # call c writes slot c % 2 and reads slot (c - 1) % 2 (call 0: the staged token); the
+            # host has read call c - 2's tokens, which were in slot c % 2, before it queues call c
             nonlocal tokens, issued
-            chosen = self._out(1, 1, slot=i % 2)
-            args = rt.VmVariantList(6 + len(self._sampling))  # tokens, start, pages, sampling, chosen, 2 fences
-            for a in (tokens, self._i64([start + i]), self._pages(start + i + 1), *self._sampling, chosen):
+            size, pos = sizes[c], first[c]
+            last = self._out(1, 1, slot=c % 2)
+            writes = (last,) if size == 1 else (self._out(1, size, slot=c % 2), last)
+            args = rt.VmVariantList(5 + len(writes) + len(self._sampling))  # + 2 fences
+            for a in (tokens, self._i64([pos]), self._pages(pos + size), *self._sampling, *writes):
                 args.push_ref(a._buffer_view)
-            args.push_ref(rt.HalFence.create_at(steps, i))
-            args.push_ref(rt.HalFence.create_at(steps, i + 1))
-            self._context.invoke(fn, args, rt.VmVariantList(0))
-            issued, tokens = i + 1, chosen
+            args.push_ref(rt.HalFence.create_at(calls, c))
+            args.push_ref(rt.HalFence.create_at(calls, c + 1))
+            self._context.invoke(fn if size == 1 else fn_k, args, rt.VmVariantList(0))
+            issued, tokens = c + 1, last
 
         try:
-            if n > 0:
+            if sizes:
                 issue(0)
-            for i in range(n):
-                if i + 1 < n:
-                    issue(i + 1)
-                rt.HalFence.create_at(steps, i + 1).wait()
-                yield int(self._read(self._out(1, 1, slot=i % 2))[0, 0])
+            for c, size in enumerate(sizes):
+                if c + 1 < len(sizes):
+                    issue(c + 1)
+                rt.HalFence.create_at(calls, c + 1).wait()
+                yield from (int(t) for t in self._read(self._out(1, size, slot=c % 2))[0])
         finally:  # nothing of this chain may still run when the next call writes the caches
-            rt.HalFence.create_at(steps, issued).wait()
+            rt.HalFence.create_at(calls, issued).wait()
 
     def _async_function(self, name: str):
         """The VmFunction of entry point `name`'s `$async` form, or None without a context."""
