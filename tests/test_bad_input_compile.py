@@ -177,6 +177,13 @@ def _wait_for(proc: subprocess.Popen, stream, text: str, timeout: float) -> str:
     return seen
 
 
+def _sigint_default() -> None:
+    """In the child before exec: Ctrl-C's default action. A process started in the background of a
+    shell without job control inherits SIGINT ignored, and Python then keeps ignoring it, so a
+    test run launched that way could not interrupt the CLI at all."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _interrupt(proc: subprocess.Popen) -> tuple[int, str]:
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
@@ -191,7 +198,8 @@ def _assert_interrupted(rc: int, err: str) -> None:
 def _compile_process(target_dir, drafter_dir, out, max_context, env):
     return subprocess.Popen([sys.executable, "-m", "dflash_iree", "compile", "--arch", "host", "--target", str(target_dir),
                              "--drafter", str(drafter_dir), "--out", str(out), "--max-context", str(max_context)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=str(ROOT))
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=str(ROOT),
+                            preexec_fn=_sigint_default)
 
 
 def _iree_compile_running(out: Path) -> bool:
@@ -243,7 +251,7 @@ def test_ctrl_c_during_generate(long_artifacts):
     before = snapshot(long_artifacts)
     proc = subprocess.Popen([sys.executable, "-m", "dflash_iree", "generate", "--artifacts", str(long_artifacts),
                              "--prompt", "def fibonacci(n):", "--max-new-tokens", "10000"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_sigint_default)
     _wait_for(proc, proc.stdout, "", 300)  # text is streaming
     _assert_interrupted(*_interrupt(proc))
     assert snapshot(long_artifacts) == before
