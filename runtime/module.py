@@ -28,6 +28,7 @@ queued with the previous step's output buffer as its token and a fence on that s
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from operator import is_
 
@@ -208,9 +209,10 @@ class CompiledPair:
     def decode_ahead(self, token: int, start: int, n: int) -> Iterator[int]:
         """Plain decoding of `n` tokens after `token` (at position `start`), the device one call ahead.
 
-        With a `decode_steps` entry point of k steps (greedy only), a greedy request's first n // k * k
-        tokens come k to a call, the rest one to a `decode` call. Call c is queued before call c - 1's tokens reach the host;
-        its input token is the pinned buffer call c - 1 wrote its last token into. The tokens are
+        With a `decode_steps` entry point of k steps (greedy only), a greedy request's first
+        n // k * k tokens come k to a call, the rest one to a `decode` call. Call c is queued before
+        call c - 1's tokens reach the host; its input token is the pinned buffer call c - 1 wrote its
+        last token into. The tokens are
         those of n `decode` calls (each step is decode's graph; tests/test_decode_steps.py). On the
         pinned CUDA HAL an invocation returns only when its work is done, so the gain of running
         ahead is the cheaper argument and result handling, not overlap, and the gain of k steps a
@@ -238,7 +240,7 @@ class CompiledPair:
         k = self.decode_steps
         fn_k = self._async_function("decode_steps") if k > 1 and not self._suffix else None  # greedy only
         sizes = [k] * (n // k) + [1] * (n % k) if fn_k is not None else [1] * n
-        first = [start + sum(sizes[:c]) for c in range(len(sizes))]  # call c's first position
+        first = list(itertools.accumulate(sizes[:-1], initial=start))  # call c's first position
         calls = self.device.create_semaphore(0)
         tokens = self._i64([[token]])
         issued = 0
