@@ -27,7 +27,6 @@ table and writes the JSON.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import sys
 from pathlib import Path
@@ -45,12 +44,12 @@ BUILDS = ("before", "row-invariant", "planted-split")
 
 def _planted_gemm(real):
     """gemm_dispatch with another k split at M = 1 (the planted control)."""
-    from dflash_iree.kernels.gemm.dispatch import gemm_plan
+    from dflash_iree.kernels.gemm.dispatch import chunk_k, gemm_plan
 
     def dispatch(M, N, K, arch, **kw):
         if M == 1:
             plan = gemm_plan(N, K, arch, paired=kw.get("epilogue") == "swiglu")
-            chunks = K // 16 if arch.startswith("gfx") else K // 32
+            chunks = K // chunk_k(arch)
             kw["splits"] = next(s for s in (plan.splits * 2, plan.splits // 2, plan.splits * 3)
                                 if s >= 1 and chunks % s == 0)
         return real(M, N, K, arch, **kw)
@@ -64,10 +63,7 @@ def splices(build: str) -> dict | None:
 
     if build == "row-invariant":
         return None
-    out = dict(splice.LOWERINGS)
-    if build == "before":
-        out["gemm"] = functools.partial(splice.lower_linear, row_invariant=False)
-        out["attention"] = functools.partial(splice.lower_attention, min_rows=splice.ATTENTION_MIN_ROWS)
+    out = splice.before_row_invariance() if build == "before" else dict(splice.LOWERINGS)
     if build == "planted-split":
         def gemm(module, arch):
             import dflash_iree.kernels.gemm as g

@@ -77,15 +77,12 @@ def prepare(arch: str, blocks: list[int], variant: str = "", without: tuple[str,
     from dflash_iree.export import splice
     from dflash_iree.export.compile import compile_artifacts, resolve_arch
 
-    splices = dict(splice.LOWERINGS)
-    if {"epilogues", "decode-qkv", "row-invariant"} & set(without):
-        splices["gemm"] = functools.partial(splice.lower_linear, epilogues="epilogues" not in without,
-                                            decode_qkv="decode-qkv" not in without,
-                                            row_invariant="row-invariant" not in without)
+    splices = splice.before_row_invariance() if "row-invariant" in without else dict(splice.LOWERINGS)
+    if {"epilogues", "decode-qkv"} & set(without):
+        splices["gemm"] = functools.partial(splices["gemm"], epilogues="epilogues" not in without,
+                                            decode_qkv="decode-qkv" not in without)
     if "norm-rope-pairs" in without:
         splices["norm_rope"] = functools.partial(splice.lower_norm_rope, pairs=False)
-    if "row-invariant" in without:
-        splices["attention"] = functools.partial(splice.lower_attention, min_rows=splice.ATTENTION_MIN_ROWS)
     name = resolve_arch(arch)[0].name
     for block in blocks:
         compile_artifacts(arch, TARGET, DRAFTER, artifact_dir(name, block, variant), block_size=block, dtype="bf16",

@@ -104,22 +104,21 @@ _HOST = ("topk",)
 _RDNA2 = ("topk", "attention", "norm_rope")
 _GPU = ("topk", "gemm", "attention", "norm_rope")
 
+
+def _gpu(name: str, driver: str, flags: tuple[str, ...], about: str, kernels: tuple[str, ...]) -> Arch:
+    """A GPU arch: IREE's fused attention op and GPU_DECODE_STEPS plain decode steps a call."""
+    return Arch(name, driver, flags, about, kernels, decode_steps=GPU_DECODE_STEPS)
+
+
 ARCHS: dict[str, Arch] = {a.name: a for a in (
     Arch("host", "local-task", _cpu("host"), "llvm-cpu for this machine's CPU", _HOST, attention="matmul"),
-    Arch("gfx1030", "hip", (f"--iree-hal-target-device={_GFX1030}", *GPU_OPT), "RDNA2 (RX 6800/6900)", _RDNA2,
-         decode_steps=GPU_DECODE_STEPS),
-    Arch("gfx1100", "hip", _hip("gfx1100"), "RDNA3 (RX 7900 XTX/XT, W7900)", _GPU,
-         decode_steps=GPU_DECODE_STEPS),
-    Arch("gfx1151", "hip", _hip("gfx1151"), "RDNA3.5 (Strix Halo, Ryzen AI Max)", _GPU,
-         decode_steps=GPU_DECODE_STEPS),
-    Arch("gfx1201", "hip", _hip("gfx1201"), "RDNA4 (RX 9070 XT)", _GPU,
-         decode_steps=GPU_DECODE_STEPS),
-    Arch("sm_80", "cuda", _cuda("sm_80"), "Ampere (A100); its PTX also runs on Hopper", _GPU,
-         decode_steps=GPU_DECODE_STEPS),
-    Arch("sm_86", "cuda", _cuda("sm_86"), "Ampere (RTX 30xx, A10, A40)", _GPU,
-         decode_steps=GPU_DECODE_STEPS),
-    Arch("sm_89", "cuda", _cuda("sm_89"), "Ada (RTX 40xx, L4, L40S)", _GPU,
-         decode_steps=GPU_DECODE_STEPS),
+    _gpu("gfx1030", "hip", (f"--iree-hal-target-device={_GFX1030}", *GPU_OPT), "RDNA2 (RX 6800/6900)", _RDNA2),
+    _gpu("gfx1100", "hip", _hip("gfx1100"), "RDNA3 (RX 7900 XTX/XT, W7900)", _GPU),
+    _gpu("gfx1151", "hip", _hip("gfx1151"), "RDNA3.5 (Strix Halo, Ryzen AI Max)", _GPU),
+    _gpu("gfx1201", "hip", _hip("gfx1201"), "RDNA4 (RX 9070 XT)", _GPU),
+    _gpu("sm_80", "cuda", _cuda("sm_80"), "Ampere (A100); its PTX also runs on Hopper", _GPU),
+    _gpu("sm_86", "cuda", _cuda("sm_86"), "Ampere (RTX 30xx, A10, A40)", _GPU),
+    _gpu("sm_89", "cuda", _cuda("sm_89"), "Ada (RTX 40xx, L4, L40S)", _GPU),
 )}
 
 _HOPPER = ("the pinned iree-base-compiler 3.13 has no sm_90 target (iree-org/iree#22147); sm_80 PTX is "

@@ -33,6 +33,7 @@ The MLIR helpers are in export/mlir.py. Needs the compile extra (iree-base-compi
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -68,6 +69,17 @@ def to_iree(*names: str) -> Callable[[object, str], Lowered | None]:
 LOWERINGS: dict[str, Callable[[object, str], Lowered | None]] = {
     "topk": lower_topk, "gemm": lower_linear, "attention": lower_attention, "norm_rope": lower_norm_rope}
 SPLICES = LOWERINGS  # the name export/compile.py and the benches pass experiments under
+
+
+def before_row_invariance(splices: dict | None = None) -> dict:
+    """SPLICES (default `LOWERINGS`) with the GPU rules before row invariance: decode's lone weights,
+    gate/up and the weights under GEMM_MIN_WEIGHT_BYTES on IREE's matmuls (`lower_linear`
+    row_invariant=False), and decode's attention on IREE's op (ATTENTION_MIN_ROWS). Benches build
+    the build before with it (bench/speed_8b.py, bench/row_invariance_check.py)."""
+    out = dict(LOWERINGS if splices is None else splices)
+    out["gemm"] = functools.partial(out["gemm"], row_invariant=False)
+    out["attention"] = functools.partial(out["attention"], min_rows=ATTENTION_MIN_ROWS)
+    return out
 
 
 def splice_file(src: str | Path, dst: str | Path, arch: str, splices: dict | None = None,

@@ -66,6 +66,8 @@ def test_refuses_mismatched_drafter(capsys, tmp_path, target_dir, drafter_dir):
     (["--streams", "65", "--max-context", "256"], r"--streams 65 is out of range: use 1\.\.64"),
     (["--draft-top-k", "65", "--max-context", "256"], r"--draft-top-k 65 is out of range: use 1\.\.64 .*or 0 for no draft_topk"),
     (["--draft-top-k", "-1", "--max-context", "256"], r"--draft-top-k -1 is out of range"),
+    (["--decode-steps", "17", "--max-context", "256"], r"--decode-steps 17 is out of range: use 2\.\.16"),
+    (["--decode-steps", "4", "--streams", "2", "--max-context", "256"], r"--decode-steps 4: .* one stream"),
 ])
 def test_refuses_out_of_range(capsys, tmp_path, target_dir, drafter_dir, argv, match):
     _refused(capsys, ["--target", str(target_dir), "--drafter", str(drafter_dir), *argv], tmp_path / "o", match)

@@ -143,6 +143,12 @@ def _backend(arch: str) -> dict:
                       + (" (gfx1030 has no WMMA)" if arch == "gfx1030" else ""))
 
 
+def chunk_k(arch: str) -> int:
+    """k-values per chunk on ARCH (GM_KC of its objects): a k split is a whole number of chunks.
+    Raises DFlashError for an arch without the kernel."""
+    return _backend(arch)["chunk"]
+
+
 def object_file(arch: str) -> Path:
     """Committed object for ARCH: PTX for sm_*, a code object for gfx*."""
     _backend(arch)
