@@ -99,13 +99,20 @@ def _slot_index(stream: torch.Tensor, streams: int):
     return s
 
 
-def _slot_rows(cache: torch.Tensor, slot, positions: torch.Tensor) -> list[torch.Tensor]:
+def _slot_rows(cache: torch.Tensor, slot, positions: torch.Tensor) -> torch.Tensor | list[torch.Tensor]:
     """Per layer, the rows of cache [S, L, 2, C, D]'s flat [S*L*2*C, D] view holding the keys, then
-    the values, of `positions` (int64 [T]) in slot `slot` (`_slot_index`'s int): L int64 [2T] vectors.
+    the values, of `positions` (int64 [T]) in slot `slot` (`_slot_index`'s int), indexed by layer.
 
-    The form of export/qwen3.py `cache_rows` for S > 1 (one vector, each layer adding its constant
-    offset; the form IREE's GPU codegen takes), for one slot."""
+    A static T (decode, verify, the round's absorb): one int64 [L, 2T] tensor, export/qwen3.py
+    `cache_rows`' one-stream form, computed once a call; each layer's write indexes a row of it
+    inside its scatter (one index dispatch a layer cost the demo round 5 dispatches more than
+    `verify_draft`'s). A dynamic T (prefill, absorb): L int64 [2T] vectors, each layer adding its
+    constant offset, `cache_rows`' form for S > 1, which IREE's GPU codegen takes."""
     _, L, _, C, _ = cache.shape
+    if isinstance(positions.shape[0], int):
+        layers = torch.arange(L, dtype=torch.int64, device=positions.device)[:, None]
+        at = (slot * L + layers) * (2 * C) + positions[None, :]  # L, T
+        return torch.cat([at, at + C], 1)
     at = slot * (L * 2 * C) + positions
     flat = torch.cat([at, at + C])
     return [flat + layer * 2 * C for layer in range(L)]
