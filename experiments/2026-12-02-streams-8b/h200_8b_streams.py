@@ -3,8 +3,8 @@
     bash bench/on_device.sh python3 experiments/2026-12-02-streams-8b/h200_8b_streams.py --json "$OUT/streams_8b_h200.json"
 
 Random bf16 weights made on the GPU (bench/speed_8b.py `_build`), bound into both modules
-(.gpu/8b-b8-s1-sm_80 and .gpu/8b-b8-s4-sm_80, prepare.py). Each stream is prefilled with a 512-token
-prompt; then, alternated ROUNDS times in this one process:
+(.gpu/8b-b8-s1-sm_80 and .gpu/8b-b8-s4-sm_80, prepare.py; --s1 and --s4 name other folders there).
+Each stream is prefilled with a 512-token prompt; then, alternated ROUNDS times in this one process:
 - s1: `decode` (one synchronous call, as a 4-stream plain step is), `decode_ahead` per token (the
   runtime's one-stream plain decoding), `verify_draft` (one DFlash round, block 8);
 - s4: `decode` of all four streams, `verify_draft` of all four streams, `verify_draft` with one
@@ -35,6 +35,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", required=True)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--s1", default="8b-b8-s1-sm_80", help="the one-stream module's folder in .gpu/")
+    ap.add_argument("--s4", default="8b-b8-s4-sm_80", help="the four-stream module's folder in .gpu/")
     args = ap.parse_args()
     import iree.runtime as rt
     import torch
@@ -56,11 +58,11 @@ def main() -> None:
         pair = arts.bind_indexes(device, indexes)
         return arts, pair
 
-    a1, p1 = load("8b-b8-s1-sm_80")
+    a1, p1 = load(args.s1)
     B = a1.block_size
     first, taps = p1.prefill(prompt)
     p1.absorb(taps)
-    a4, p4 = load("8b-b8-s4-sm_80")
+    a4, p4 = load(args.s4)
     calls = StreamCalls(p4, 4)
     for s in range(4):
         _, t = calls.prefill(s, prompt, GREEDY)
