@@ -115,6 +115,19 @@ def _number(value, option: str, use: str) -> float:
     return value
 
 
+def seconds(value, option: str) -> float:
+    """A duration in seconds: a finite number >= 0.
+
+    Raises:
+        DFlashError: not a number, NaN, inf or negative, naming OPTION.
+    """
+    use = "a number of seconds >= 0"
+    value = _number(value, option, use)
+    if value < 0:
+        raise DFlashError(f"{option} {value:g} is out of range: use {use}")
+    return value
+
+
 def temperature(value) -> float:
     """Temperature: 0 (greedy) or a finite float in [MIN_TEMPERATURE, MAX_TEMPERATURE].
 

@@ -101,15 +101,18 @@ def run_parallel(engine, prompts: list, levels: list[int], max_new_tokens: int =
 
 def format_parallel_table(result: dict) -> str:
     """The result as a text table: one line per concurrency and arm."""
-    lines = [f"{result['prompts']} prompts x {result['runs']} runs, {result['max_new_tokens']} new tokens, "
-             f"module of {result['streams']} streams ({result['arch']})",
+    def n(count, what):
+        return f"{count} {what}{'s' * (count != 1)}"
+
+    lines = [f"{n(result['prompts'], 'prompt')} x {n(result['runs'], 'run')}, {result['max_new_tokens']} new tokens, "
+             f"module of {n(result['streams'], 'stream')} ({result['arch']})",
              f"{'streams':>7} {'arm':>6} {'aggregate tok/s':>15} {'per-stream tok/s':>16} {'TTFT ms':>8} {'tau':>5} {'speedup':>7}"]
-    for n, level in result["levels"].items():
+    for streams, level in result["levels"].items():
         for arm in [a for a in ("plain", "dflash", "full") if a in level]:
             a = level[arm]
             tau = f"{a['tau_mean']:.2f}" if a["tau_mean"] else "-"
             sp = {"dflash": f"{level['speedup']:.2f}x", "full": f"{level.get('full_speedup', 0):.2f}x"}.get(arm, "")
-            lines.append(f"{n:>7} {arm:>6} {a['aggregate_tok_s']:>15.1f} {a['per_stream_tok_s']:>16.1f} "
+            lines.append(f"{streams:>7} {arm:>6} {a['aggregate_tok_s']:>15.1f} {a['per_stream_tok_s']:>16.1f} "
                          f"{a['ttft_ms']:>8.1f} {tau:>5} {sp:>7}")
     lines.append(f"depth rule: {'on (dflash; full: off, the whole block every round)' if result.get('depth_rule') else 'off (no depth_cost.json, or its costs make the whole block always the choice)'}")
     lines.append(f"same tokens: {'yes' if result['same_tokens'] else 'NO'}")

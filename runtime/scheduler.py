@@ -105,11 +105,16 @@ class Scheduler:
         """Start the worker thread, which loads the engine and then serves."""
         self._thread.start()
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """Cancel whatever still runs or waits and end the worker (waits up to `timeout` seconds)."""
+    def cancel_all(self) -> None:
+        """Refuse new requests (Unavailable) and cancel whatever still runs or waits: each request
+        gets its finished event (finish_reason "cancelled") and the worker ends; returns at once."""
         with self._cond:
             self._stopping = True
             self._cond.notify()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """`cancel_all`, then wait up to `timeout` seconds for the worker to end."""
+        self.cancel_all()
         self._thread.join(timeout)
 
     def submit(self, sub: Submission) -> None:
@@ -125,7 +130,8 @@ class Scheduler:
                 raise Unavailable(self.error or ("the server is stopping" if self._stopping else
                                                  "the model is still loading; retry shortly"))
             if self._queued >= self.max_queue:
-                raise QueueFull(f"{self._queued} requests are waiting (--max-queue {self.max_queue}); retry later")
+                raise QueueFull(f"{self._queued} request{'s are' if self._queued != 1 else ' is'} waiting "
+                                f"(--max-queue {self.max_queue}); retry later")
             self._queued += 1
             self._intake.append(sub)
             self.metrics.queue_depth.set(self._queued)

@@ -8,7 +8,9 @@ every route but /health needs `Authorization: Bearer KEY`.
 
 A client that leaves (a closed stream, or a whole request's connection) has its request cancelled:
 the engine frees its stream at the next step. SIGTERM (and Ctrl-C) stop accepting, let the running
-and queued requests finish for up to `--shutdown-timeout` seconds, cancel what remains and exit.
+and queued requests finish for up to `--shutdown-timeout` seconds, then cancel what remains through
+the scheduler, so that each of those still gets an answer: a whole request a 503 ("send it again"),
+a stream an error event and `data: [DONE]` after the tokens it had; then the server exits.
 """
 
 from __future__ import annotations
@@ -36,6 +38,10 @@ from .serve_metrics import CONTENT_TYPE_LATEST, ServeMetrics
 RETRY_AFTER_S = 1  # a full queue drains at the speed of a request; a loading model takes longer
 LOADING_RETRY_AFTER_S = 5
 DISCONNECT_POLL_S = 0.25
+# After --shutdown-timeout the requests left are cancelled; uvicorn kills the handlers this much later
+# (a 500 and a cut stream), by which time each has sent its cancelled answer: the next step ends them.
+SHUTDOWN_GRACE_S = 10.0
+STOPPED = "the server stopped while the request ran; send it again"
 
 
 class _ClientGone(Exception):
@@ -58,8 +64,9 @@ def build_app(scheduler: Scheduler, metrics: ServeMetrics, model: str, api_key: 
     def authorized(request: Request) -> bool:
         if api_key is None:
             return True
-        given = request.headers.get("authorization", "")
-        return secrets.compare_digest(given.encode(), f"Bearer {api_key}".encode())
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        # the scheme is case-insensitive (RFC 9110, 11.1); the token is compared in constant time
+        return scheme.lower() == "bearer" and secrets.compare_digest(token.strip().encode(), api_key.encode())
 
     def guarded(handler):
         async def route(request: Request):
@@ -140,6 +147,8 @@ def build_app(scheduler: Scheduler, metrics: ServeMetrics, model: str, api_key: 
             return Response(status_code=499)
         if item.result is None:  # cancelled before it started (the server is stopping)
             return _error(api.ApiError(503, "the server stopped before the request ran; send it again"))
+        if item.finish_reason == "cancelled":  # the client is still here: the server is stopping
+            return _error(api.ApiError(503, STOPPED))
         extra = {"usage": api.usage(len(sub.prompt_ids), len(ids)), "timings": _timings(sub, item)}
         return JSONResponse(api.completion(kind, rid, model, "".join(text), ids if p.return_token_ids else None,
                                            item.finish_reason, extra))
@@ -162,6 +171,8 @@ def build_app(scheduler: Scheduler, metrics: ServeMetrics, model: str, api_key: 
                 if item.finished:
                     extra = {"timings": _timings(sub, item)} if item.result is not None else {}
                     yield sse(api.chunk(kind, rid, model, item.text, ids, item.finish_reason, extra=extra))
+                    if item.finish_reason == "cancelled":  # the client is still reading: the server is stopping
+                        yield sse(api.ApiError(503, STOPPED).body())
                     if p.include_usage:
                         yield sse(api.chunk(kind, rid, model, None, None, extra={
                             "usage": api.usage(len(sub.prompt_ids), n)}, choices=False))
@@ -185,7 +196,17 @@ def build_app(scheduler: Scheduler, metrics: ServeMetrics, model: str, api_key: 
               Route("/v1/models", guarded(models)),
               Route("/v1/completions", guarded(completions), methods=["POST"]),
               Route("/v1/chat/completions", guarded(chat), methods=["POST"])]
-    return Starlette(routes=routes, lifespan=lifespan)
+
+    async def no_route(request: Request, exc):
+        """404 and 405 in OpenAI's error shape, as every other refusal."""
+        where = f"{request.method} {request.url.path}"
+        if exc.status_code == 405:
+            message = f"{where}: the method is not allowed here; use {(exc.headers or {}).get('Allow', 'another method')}"
+        else:
+            message = f"{where}: no such route; the routes are {', '.join(r.path for r in routes)}"
+        return _error(api.ApiError(exc.status_code, message), exc.headers)
+
+    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: no_route, 405: no_route})
 
 
 def _timings(sub: Submission, ev) -> dict:
@@ -225,8 +246,8 @@ def serve(artifacts: str, target: str | None = None, drafter: str | None = None,
 
     Raises:
         DFlashError: a bad artifact folder, `parallel` outside 1..the artifacts' streams (the fix:
-            compile with --streams N), `max_queue` < 1, an address that cannot be bound, or an
-            engine that fails to load (the server then stops).
+            compile with --streams N), `max_queue` < 1, a negative `shutdown_timeout`, an address
+            that cannot be bound, or an engine that fails to load (the server then stops).
         KeyboardInterrupt: after Ctrl-C, once the server has shut down.
     """
     import uvicorn
@@ -246,6 +267,7 @@ def serve(artifacts: str, target: str | None = None, drafter: str | None = None,
                           f"with dflash-iree compile --streams {parallel}")
     validate.count(max_queue, "--max-queue", "requests that may wait for a stream")
     validate.integer(port, "--port", 0, 65535)
+    shutdown_timeout = validate.seconds(shutdown_timeout, "--shutdown-timeout")
     model = model_name or arts.checkpoint_folder("target", target).name
     sock = _bind(host, port)
     metrics = ServeMetrics(arts.block_size)
@@ -267,8 +289,8 @@ def serve(artifacts: str, target: str | None = None, drafter: str | None = None,
 
     scheduler = Scheduler(load, metrics, max_queue, failed, parallel)
     config = uvicorn.Config(build_app(scheduler, metrics, model, api_key), log_level=log_level, lifespan="on",
-                            timeout_graceful_shutdown=shutdown_timeout)
-    server = uvicorn.Server(config)
+                            timeout_graceful_shutdown=shutdown_timeout + SHUTDOWN_GRACE_S)
+    server = _draining_server(config, scheduler, shutdown_timeout)
     # uvicorn raises the signal it stopped for again once it has shut down; a no-op handler makes a
     # SIGTERM stop end with status 0, as a stop asked for (Ctrl-C keeps Python's KeyboardInterrupt: 130)
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
@@ -282,6 +304,28 @@ def serve(artifacts: str, target: str | None = None, drafter: str | None = None,
     if scheduler.error and not scheduler.ready:
         raise DFlashError(scheduler.error)
     return 0
+
+
+def _draining_server(config, scheduler: Scheduler, drain_s: float):
+    """uvicorn's Server, whose shutdown (SIGTERM, Ctrl-C) cancels the requests still running or
+    queued `drain_s` seconds after it began, through `scheduler.cancel_all`: they end as cancelled
+    requests, answered (module docstring), before uvicorn's own graceful timeout would cancel their
+    handlers' tasks (SHUTDOWN_GRACE_S later)."""
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        async def shutdown(self, sockets=None):
+            async def cancel_late():
+                await asyncio.sleep(drain_s)
+                scheduler.cancel_all()
+
+            late = asyncio.ensure_future(cancel_late())
+            try:
+                await super().shutdown(sockets)
+            finally:
+                late.cancel()
+
+    return DrainingServer(config)
 
 
 def _bind(host: str, port: int) -> socket.socket:

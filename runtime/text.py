@@ -96,7 +96,10 @@ class TextCodec:
             validate.text(m["content"], f"chat message {i}")
         template = self.config.get("chat_template")
         if not template:
-            raise DFlashError(f"{self.folder}/tokenizer_config.json has no chat_template; pass text or token ids instead of messages")
+            where = Path(self.folder).resolve() / "tokenizer_config.json"
+            raise DFlashError(f"{where} has no chat_template, so this target takes no chat messages: send text or "
+                              "token ids instead (the server's /v1/completions), or use a target whose "
+                              "tokenizer_config.json has a chat_template")
         import jinja2
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 

@@ -1,5 +1,7 @@
-"""`dflash-iree serve`'s limits: --api-key, a full queue (429 with Retry-After), SIGTERM exiting 0,
-and the CLI's refusals (--parallel over the artifacts' streams, --max-queue 0, a taken port)."""
+"""`dflash-iree serve`'s limits: --api-key, a full queue (429 with Retry-After), SIGTERM exiting 0
+(with every request answered when the shutdown timeout runs out), unknown routes and methods in
+OpenAI's error shape, and the CLI's refusals (--parallel over the artifacts' streams, --max-queue 0,
+a negative --shutdown-timeout, a taken port)."""
 
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ def server(host_artifacts, tmp_path_factory, target_dir):
 
 def test_api_key_guards_every_route_but_health(server):
     assert httpx.get(server.url + "/health").status_code == 200
+    lower = {"Authorization": f"bearer {KEY}"}  # the scheme is case-insensitive
+    assert httpx.get(server.url + "/v1/models", headers=lower).status_code == 200
     for path in ("/v1/models", "/metrics"):
         r = httpx.get(server.url + path)
         assert r.status_code == 401 and "--api-key" in r.json()["error"]["message"]
@@ -37,6 +41,13 @@ def test_api_key_guards_every_route_but_health(server):
     assert client.completions.create(model="chat", prompt=[1, 2], max_tokens=3).usage.completion_tokens == 3
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=server.url + "/v1", api_key="wrong", max_retries=0).models.list()
+
+
+def test_unknown_routes_and_methods_answer_in_openai_error_shape(server):
+    r = httpx.get(server.url + "/v1/nothing", headers=AUTH)
+    assert r.status_code == 404 and "no such route" in r.json()["error"]["message"], r.text
+    r = httpx.get(server.url + "/v1/completions", headers=AUTH)
+    assert r.status_code == 405 and "POST" in r.json()["error"]["message"] and r.headers["Allow"] == "POST", r.text
 
 
 def test_full_queue_answers_429_with_retry_after(server):
@@ -82,6 +93,48 @@ def test_sigterm_exits_0_after_the_running_request(server):
     assert server.proc.wait(60) == 0, server.stderr
 
 
+def test_sigterm_past_the_shutdown_timeout_answers_every_request(host_artifacts, tmp_path, target_dir):
+    """--shutdown-timeout 0: SIGTERM cancels at once what runs or waits, and each request is still
+    answered: a whole one 200 (it had finished) or 503, a stream [DONE] after its last chunk, with
+    an error event first when it was cut; no traceback, exit status 0. (uvicorn's own timeout, which
+    this replaces, answered 500 and cut the streams.)"""
+    s = Server("--artifacts", host_artifacts, "--target", chat_target(tmp_path / "chat", target_dir),
+               "--shutdown-timeout", 0)
+    whole = [None] * 3
+
+    def send(i):
+        try:
+            whole[i] = httpx.post(s.url + "/v1/completions", timeout=120,
+                                  json={"prompt": [3, 4, i], "max_tokens": 240, "temperature": 0})
+        except httpx.HTTPError as e:
+            whole[i] = e
+
+    try:
+        with httpx.stream("POST", s.url + "/v1/completions", timeout=120,
+                          json={"prompt": [8, 9], "max_tokens": 240, "temperature": 0, "stream": True}) as r:
+            lines = r.iter_lines()
+            next(lines)
+            threads = [threading.Thread(target=send, args=(i,)) for i in range(3)]
+            for t in threads:
+                t.start()
+            wait_for_metric(s.url, "dflash_queue_depth", 2)  # one stream: the stream (or one) runs, two wait
+            s.proc.send_signal(15)
+            rest = [line for line in lines if line]
+        for t in threads:
+            t.join(120)
+    finally:
+        rc = s.stop()
+    assert rest[-1] == "data: [DONE]", rest[-3:]
+    if '"cancelled"' in rest[-3]:
+        assert '"error"' in rest[-2] and "send it again" in rest[-2], rest[-3:]
+    codes = [w.status_code if isinstance(w, httpx.Response) else repr(w) for w in whole]
+    assert set(codes) <= {200, 503} and 503 in codes, codes
+    for w in whole:
+        if w.status_code == 503:
+            assert "send it again" in w.json()["error"]["message"]
+    assert rc == 0 and "Traceback" not in s.stderr and "Cancel" not in s.stderr, s.stderr
+
+
 def test_cli_refusals(capsys, host_artifacts):
     rc, _, err = cli(capsys, "serve", "--artifacts", host_artifacts, "--parallel", 2)
     assert_refused(rc, err, "--parallel 2 is more than the 1 stream", "dflash-iree compile --streams 2")
@@ -90,6 +143,8 @@ def test_cli_refusals(capsys, host_artifacts):
     assert_refused(rc, err, "--parallel 0 is out of range")
     rc, _, err = cli(capsys, "serve", "--artifacts", host_artifacts, "--max-queue", 0)
     assert_refused(rc, err, "--max-queue 0 is out of range")
+    rc, _, err = cli(capsys, "serve", "--artifacts", host_artifacts, "--shutdown-timeout", -1)
+    assert_refused(rc, err, "--shutdown-timeout -1 is out of range: use a number of seconds >= 0")
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
