@@ -180,10 +180,20 @@ def parse(kind: str, body, model: str) -> Parsed:
             top_p=1.0 if body.get("top_p") is None else body["top_p"], seed=seed, stop=_stop(body) or None,
             speculative=_flag(body, "speculative", True),
             num_speculative_tokens=_int(body, "num_speculative_tokens", 1))
-    except DFlashError as e:
-        raise ApiError(400, str(e)) from None
+    except DFlashError as e:  # validate's messages begin with the option they refuse
+        raise ApiError(400, str(e), param_of(str(e))) from None
     return Parsed(prompt, options, max_tokens, _flag(body, "stream"), _flag(stream_options, "include_usage"),
                   _flag(body, "return_token_ids"), _flag(template, "enable_thinking"))
+
+
+# The request fields that GenerateOptions and the engine check (dflash_iree/validate.py), named as
+# `param` of their refusals.
+OPTION_FIELDS = ("temperature", "top_k", "top_p", "seed", "stop", "num_speculative_tokens")
+
+
+def param_of(message: str) -> str | None:
+    """The request field a refusal's message names first (validate's messages begin with it), or None."""
+    return next((f for f in OPTION_FIELDS if message.startswith(f + " ")), None)
 
 
 def usage(prompt_n: int, completion_n: int) -> dict:

@@ -122,7 +122,7 @@ def build_app(scheduler: Scheduler, metrics: ServeMetrics, model: str, api_key: 
             except _ClientGone:
                 return Response(status_code=499)  # nobody reads it
             if isinstance(first, Rejected):
-                raise api.ApiError(first.status, first.message)
+                raise api.ApiError(first.status, first.message, api.param_of(first.message))
         except api.ApiError as e:
             metrics.rejected.labels("bad_request" if e.status < 500 else
                                     "unavailable" if e.status == 503 else "error").inc()

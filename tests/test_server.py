@@ -164,6 +164,8 @@ def test_malformed_requests_leave_a_running_stream_untouched(server, engine):
             assert r.status_code == status, (body, r.text)
             err = r.json()["error"]
             assert needle in err["message"] and set(err) == {"message", "type", "param", "code"}, (body, err)
+            if needle in ("temperature", "top_p", "num_speculative_tokens"):  # the field at fault is named
+                assert err["param"] == needle, (body, err)
             if len(got) < 3:  # interleave reading the stream with the refusals
                 got += _tokens(next(lines) for _ in range(2))
         got += _tokens(lines)
