@@ -27,6 +27,7 @@ gives bit-identical outputs.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import statistics
@@ -249,9 +250,11 @@ def run(modules: Path | None, ptx_dir: Path | None, out_json: Path | None, shape
                     y = go()
                     torch.cuda.synchronize()
                     pr = parity(y, ref, scale)
+                    # the output's bits: variants at the same splits must give the same sums (gemm_body.h)
+                    y_bits = hashlib.sha1(y.view(torch.int16).cpu().numpy().tobytes()).hexdigest()[:16]
                     t = _time_graph(lambda: [go(w) for w in ws], R)
                     rr = {"variant": vname, "N": N, "K": K, "M": M, "splits": S, "passes": passes, "us": t * 1e6,
-                          "frac": wbytes / t / 1e12 / bw, "regs": raw.regs(M), **pr}
+                          "frac": wbytes / t / 1e12 / bw, "regs": raw.regs(M), "y_sha1": y_bits, **pr}
                     rec["raw"].append(rr)
                     print(f"raw {vname:10s} {M:3d}x{N}x{K} S={S:3d} P={passes} {t * 1e6:9.2f} us {rr['frac']:.2f} of copy, regs {rr['regs']}, "
                           f"ulp max {rr['max_ulp']} (>1: {rr['over1']}, bad {rr['bad']})", flush=True)

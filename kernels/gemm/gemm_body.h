@@ -23,8 +23,8 @@
  * in split order. Nothing depends on M, on GM_MT, on GM_CW, on GM_U or on where a row sits in its
  * m-tile: a matrix instruction computes each output element from its own row of A and column of B.
  *
- * A split's chunks are loaded GM_U at a time (a round), the rest of the split one at a time; either
- * way they are consumed in increasing k order. A chunk's k-values are loaded by each lane as contiguous 16-byte vectors of W (coalesced: the
+ * A split's chunks are loaded GM_U at a time (a round), then GM_U / 2 at a time, the rest one at a
+ * time; every way they are consumed in increasing k order. A chunk's k-values are loaded by each lane as contiguous 16-byte vectors of W (coalesced: the
  * lanes of a column read one contiguous segment), and given to the matrix instruction under a fixed
  * permutation of k; the x fragments are loaded with the same permutation, so the sum is unchanged.
  *
@@ -86,6 +86,28 @@ GM_FN unsigned short gm_swiglu(unsigned short g, unsigned short u) {
   return gm_bf16(gm_f32(gm_bf16(silu)) * gm_f32(u));
 }
 
+/* U consecutive chunks from kk of one warp's GM_CW column tiles into acc: all U chunks' W loads are
+ * issued first (U chunks in flight), then consumed in increasing k order, a chunk at a time. */
+template <int GM_MT, int U>
+GM_FN void gm_round(gm_acc (&acc)[GM_MT][GM_CW], const unsigned short* __restrict__ x,
+                    const unsigned short* __restrict__ w, int col_w, const int (&ok)[GM_CW], int kk, int M, int K) {
+  gm_wfrag wf[GM_CW][U];
+#pragma unroll
+  for (int j = 0; j < U; ++j)
+#pragma unroll
+    for (int c = 0; c < GM_CW; ++c) gm_load_w(&wf[c][j], w, col_w + c * GM_TN, kk + j * GM_KC, K, ok[c]);
+#pragma unroll
+  for (int j = 0; j < U; ++j) {
+#pragma unroll
+    for (int mt = 0; mt < GM_MT; ++mt) {
+      gm_xfrag xf;
+      gm_load_x(&xf, x, mt * 16, kk + j * GM_KC, M, K);
+#pragma unroll
+      for (int c = 0; c < GM_CW; ++c) gm_mma(&acc[mt][c], &xf, &wf[c][j]);
+    }
+  }
+}
+
 /* Column block wg_x (of ceil(N / GM_BN); GM_EPI_SWIGLU: ceil(N / (GM_BN / 2))), split wg_y (of S) of
  * one weight (GM_EPI_SWIGLU: w the gate's, w1 up's), as one workgroup does it. When S == 1, y is
  * bf16[M*N]; otherwise part is f32[S*M*N] (split-major scratch; GM_EPI_SWIGLU: the gate's, then
@@ -113,35 +135,13 @@ GM_FN void gm_workgroup(const unsigned short* __restrict__ x, const unsigned sho
   }
   const int k_end = k0 + KR;
   int kk = k0;
-  for (; kk + GM_KC * GM_U <= k_end; kk += GM_KC * GM_U) { /* whole rounds: GM_U chunks in flight */
-    gm_wfrag wf[GM_CW][GM_U];
-#pragma unroll
-    for (int j = 0; j < GM_U; ++j)
-#pragma unroll
-      for (int c = 0; c < GM_CW; ++c) gm_load_w(&wf[c][j], w, col_w + c * GM_TN, kk + j * GM_KC, K, ok[c]);
-#pragma unroll
-    for (int j = 0; j < GM_U; ++j) {
-#pragma unroll
-      for (int mt = 0; mt < GM_MT; ++mt) {
-        gm_xfrag xf;
-        gm_load_x(&xf, x, mt * 16, kk + j * GM_KC, M, K);
-#pragma unroll
-        for (int c = 0; c < GM_CW; ++c) gm_mma(&acc[mt][c], &xf, &wf[c][j]);
-      }
-    }
-  }
-  for (; kk < k_end; kk += GM_KC) { /* the rest, a chunk at a time (the same chunk order) */
-    gm_wfrag wf[GM_CW];
-#pragma unroll
-    for (int c = 0; c < GM_CW; ++c) gm_load_w(&wf[c], w, col_w + c * GM_TN, kk, K, ok[c]);
-#pragma unroll
-    for (int mt = 0; mt < GM_MT; ++mt) {
-      gm_xfrag xf;
-      gm_load_x(&xf, x, mt * 16, kk, M, K);
-#pragma unroll
-      for (int c = 0; c < GM_CW; ++c) gm_mma(&acc[mt][c], &xf, &wf[c]);
-    }
-  }
+  for (; kk + GM_KC * GM_U <= k_end; kk += GM_KC * GM_U) /* whole rounds: GM_U chunks in flight */
+    gm_round<GM_MT, GM_U>(acc, x, w, col_w, ok, kk, M, K);
+  if (GM_U > 4) /* then a round of half as many: a short split (small K) keeps loads in flight */
+    for (; kk + GM_KC * (GM_U / 2) <= k_end; kk += GM_KC * (GM_U / 2))
+      gm_round<GM_MT, (GM_U > 4 ? GM_U / 2 : 1)>(acc, x, w, col_w, ok, kk, M, K);
+  for (; kk < k_end; kk += GM_KC) /* the rest, a chunk at a time */
+    gm_round<GM_MT, 1>(acc, x, w, col_w, ok, kk, M, K);
   /* GM_EPI_SWIGLU, one split: up's rounded sums go to the gate warps, which hold the same outputs
    * (the slot depends on the lane only) and write y. */
   const int lane = tid % GM_LANES;

@@ -37,8 +37,10 @@
  * g and g + 8 of the m-tile at the same k. The two mma instructions of a chunk take, in this order,
  * k + 8t + {0..3} then k + 8t + {4..7} into the k slots {2t, 2t+1, 2t+8, 2t+9} of every lane t:
  * a fixed permutation of the chunk's 32 k-values, the same for A and B. */
-/* 4 warps of one 8-column tile each, 8 chunks (4 KiB of W per warp) in flight per round, up to 4
- * workgroups per SM (<= 128 registers): the best of the variants measured on the H200 (docs/architecture.md). */
+/* 4 warps of one 8-column tile each, 16 chunks (8 KiB of W per warp) in flight per round, up to 4
+ * workgroups per SM (<= 128 registers): the best of the variants measured on the H200 (docs/architecture.md;
+ * 16 chunks over 8: the decode step's weights at M = 1 0.59-0.91 -> 0.61-0.94 of copy bandwidth, the 8B
+ * decode step 0.951x and verify 0.964x the time, experiments/2026-12-03-gemm-m1-variants/). */
 #ifndef GM_WARPS
 #define GM_WARPS 4
 #endif
@@ -46,7 +48,7 @@
 #define GM_CW 1
 #endif
 #ifndef GM_U
-#define GM_U 8
+#define GM_U 16
 #endif
 #ifndef GM_MINB
 #define GM_MINB 4
