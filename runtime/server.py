@@ -201,7 +201,8 @@ def build_app(scheduler: Scheduler, metrics: ServeMetrics, model: str, api_key: 
         """404 and 405 in OpenAI's error shape, as every other refusal."""
         where = f"{request.method} {request.url.path}"
         if exc.status_code == 405:
-            message = f"{where}: the method is not allowed here; use {(exc.headers or {}).get('Allow', 'another method')}"
+            allowed = (exc.headers or {}).get("Allow", "another method")
+            message = f"{where}: the method is not allowed here; use {allowed}"
         else:
             message = f"{where}: no such route; the routes are {', '.join(r.path for r in routes)}"
         return _error(api.ApiError(exc.status_code, message), exc.headers)
