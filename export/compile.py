@@ -167,13 +167,30 @@ def _check_4bit(tcfg: TargetConfig, dcfg: DrafterConfig, target_bits, drafter_bi
 
 
 def _refuse_4bit_arch(p: "Plan", arch: Arch) -> None:
-    """4-bit weights compile for the host only: on a GPU arch the dequantization would be a dispatch
-    writing every dequantized weight (issue #28), and the packed-weight GEMM kernel is not written."""
+    """4-bit weights compile for the host (IREE's own dequantize + matmul) and for the GPU archs of
+    the skinny GEMM, whose 4-bit form dequantizes in registers (kernels/gemm, issue #28) and takes
+    bf16 activations, scales and biases. Anything else would leave a dispatch writing every
+    dequantized weight, so it is refused in one line."""
     quantized = [s for s, f in p.quantization.items() if f is not None]
-    if quantized and arch.driver != "local-task":
-        raise DFlashError(f"--arch {arch.name}: 4-bit {' and '.join(quantized)} weights have no packed-weight GEMM "
-                          f"kernel (kernels/gemm) for {arch.name} yet; compile them for --arch host, or compile a bf16 "
-                          "checkpoint for this arch")
+    if not quantized or arch.driver == "local-task":
+        return
+    what = " and ".join(quantized)
+    if not arch.has("gemm"):
+        raise DFlashError(f"--arch {arch.name}: 4-bit {what} weights need the packed-weight GEMM kernel "
+                          f"(kernels/gemm), which {arch.name} has none of; compile them for --arch host, or compile "
+                          "a bf16 checkpoint for this arch")
+    if p.dtype != "bf16":
+        raise DFlashError(f"--dtype {p.dtype}: 4-bit {what} weights on {arch.name} compute in bf16 (the packed-weight "
+                          "GEMM's activations); pass --dtype bf16, or compile for --arch host")
+    from dflash_iree.checkpoint import index_checkpoint
+
+    for scope in quantized:
+        folder = getattr(p, scope).folder
+        for key, info in sorted(index_checkpoint(folder).items()):
+            if key.endswith((".scales", ".biases", ".weight_scale")) and info.dtype != "bf16":
+                raise DFlashError(f"{folder}: {key} is {info.dtype}; the packed-weight GEMM on {arch.name} reads bf16 "
+                                  "scales and biases: quantize the checkpoint from bf16 weights, or compile it for "
+                                  "--arch host")
 
 
 class Progress:

@@ -12,6 +12,12 @@ weights of one `linear` op go in runs of up to three (MAX_WEIGHTS) a dispatch, i
 `linear_swiglu` take the dispatch's epilogue ("residual", "swiglu"). Everything else becomes the
 op's reference: IREE's own matmul, as if there were no named op.
 
+Packed 4-bit weights (the op's scales and zeros, export/qwen3.py `_operands`) take the same kernel
+in its 4-bit form (kernels/gemm `Q4`: MLX's biases "mlx", compressed-tensors' zero points "zp", or
+none, "sym"), which dequantizes in registers; their bf16 scales and biases are required (the
+format is the op's: all its weights alike). Where the kernel does not take them they stay IREE's
+(the host); a GPU compile refuses that beforehand (export/compile.py).
+
 `row_invariant=False` gives the rules before (benches and the A/B of docs/benchmarks.md): M = 1
 keeps IREE's matvecs but for a layer's q, k and v, epilogues from M = GEMM_MIN_M, and a weight floor.
 """
@@ -50,6 +56,7 @@ GEMM_MIN_M = 2
 GEMM_MIN_WEIGHT_BYTES = 4 << 20
 LINEAR_OPS = (LINEAR_OP, LINEAR_RESIDUAL_OP, LINEAR_SWIGLU_OP)
 _BF16_2D = re.compile(r"tensor<(\d+)x(\d+)xbf16>")
+_I32_2D = re.compile(r"tensor<(\d+)x(\d+)xi32>")
 
 
 def _rows(x) -> tuple[int | None, int | None, str]:
@@ -64,43 +71,60 @@ def _rows(x) -> tuple[int | None, int | None, str]:
     return m, int(dims[-2]), t
 
 
-def _weight_ok(w, M: int | None, K: int | None, arch: str, min_weight_bytes: int) -> tuple[int, str | None]:
-    """(N, None) when weight W [N, K] takes the kernel at M rows, else (N or 0, the reason it does not)."""
+def _weight_ok(w, M: int | None, K: int | None, arch: str, min_weight_bytes: int, quant=None) -> tuple[int, str | None]:
+    """(N, None) when weight W [N, K] (QUANT: packed int32 [N, K / 8]) takes the kernel at M rows, else
+    (N or 0, the reason it does not)."""
     from dflash_iree.kernels.gemm import MAX_M, why_unsupported
 
-    m = _BF16_2D.fullmatch(builtin_type(w.type))
-    if not m or M is None or int(m[2]) != K:
-        return 0, "not bf16 [N, K] against a bf16 x with static rows"
+    m = (_BF16_2D if quant is None else _I32_2D).fullmatch(builtin_type(w.type))
+    if not m or M is None or int(m[2]) * (1 if quant is None else 8) != K:
+        return 0, f"not {'bf16 [N, K]' if quant is None else 'packed i32 [N, K / 8]'} against a bf16 x with static rows"
     N = int(m[1])
     if not 1 <= M <= MAX_M:
         return N, f"M={M} rows outside 1..{MAX_M}"
     if 2 * N * K < min_weight_bytes:
         return N, f"weight under {min_weight_bytes} bytes"
-    return N, why_unsupported(M, N, K, arch)
+    return N, why_unsupported(M, N, K, arch, quant)
+
+
+def _quant(rest) -> tuple[object, list, list, str | None]:
+    """(the Q4 format or None, scales, zeros, a reason the kernel cannot take them or None) of a linear
+    op's trailing operands (scales, zeros, group_size)."""
+    from dflash_iree.kernels.gemm import Q4
+
+    from .mlir import constant_int
+
+    scales, zeros = list_operands(rest[0]), list_operands(rest[1])
+    if not scales:
+        return None, [], [], None
+    kinds = {builtin_type(t.type).rsplit("x", 1)[-1][:-1] for t in scales}
+    fmt = "sym" if not zeros else "mlx" if builtin_type(zeros[0].type).endswith("xbf16>") else "zp"
+    why = None if kinds == {"bf16"} else f"4-bit scales in {'/'.join(sorted(kinds))}, not bf16"
+    return Q4(fmt, constant_int(rest[2])), scales, zeros, why
 
 
 def _gemm_function(M: int, Ns: tuple, K: int, arch: str, x_t: str, out_ts: list[str], epilogue: str | None,
-                   module) -> tuple[str, object]:
-    """Add the kernel for (M, Ns, K[, epilogue]) and a wrapper taking x_t and giving out_ts; returns
-    (the wrapper's name, the GemmDispatch)."""
+                   module, quant=None) -> tuple[str, object]:
+    """Add the kernel for (M, Ns, K[, epilogue][, quant]) and a wrapper taking x_t and giving out_ts;
+    returns (the wrapper's name, the GemmDispatch)."""
     from dflash_iree.kernels.gemm import gemm_dispatch
 
-    name = f"dflash_gemm_{M}x{'_'.join(map(str, Ns))}x{K}"
+    name = f"dflash_gemm_{M}x{'_'.join(map(str, Ns))}x{K}" + (f"_q4{quant.fmt}{quant.group}" if quant else "")
     if epilogue:
         shape = out_ts[0][len("tensor<"):-1].split("x")[:-1]
         name += f"_{epilogue}_{'x'.join(shape)}"
-        d = gemm_dispatch(M, Ns, K, arch, name=name, epilogue=epilogue, out_shape=tuple(map(int, shape)))
+        d = gemm_dispatch(M, Ns, K, arch, name=name, epilogue=epilogue, out_shape=tuple(map(int, shape)), quant=quant)
     else:
-        d = gemm_dispatch(M, Ns, K, arch, name=name)
+        d = gemm_dispatch(M, Ns, K, arch, name=name, quant=quant)
     flat = f"tensor<{M}x{K}xbf16>"
     if x_t == flat and (epilogue or out_ts == [f"tensor<{M}x{n}xbf16>" for n in Ns]):
         add_functions(module, d.mlir)
         return name, d
-    w_ts = [f"tensor<{n}x{K}xbf16>" for n in Ns]
+    w_ts = [t for n in Ns for t in ([f"tensor<{n}x{K}xbf16>"] if quant is None else quant.operand_types(n, K))]
     ins = [f"%w{i}: {t}" for i, t in enumerate(w_ts)] + ([f"%r: {out_ts[0]}"] if epilogue == "residual" else [])
     line, xv = reshape_text("%x", x_t, flat)
     body = line
-    args = [xv] + [f"%w{i}" for i in range(len(Ns))] + (["%r"] if epilogue == "residual" else [])
+    args = [xv] + [f"%w{i}" for i in range(len(w_ts))] + (["%r"] if epilogue == "residual" else [])
     kernel_ts = out_ts if epilogue else [f"tensor<{M}x{n}xbf16>" for n in Ns]
     arg_ts = [flat] + w_ts + ([out_ts[0]] if epilogue == "residual" else [])
     body += (f"    %y:{len(kernel_ts)} = util.call @{name}({', '.join(args)}) : ({', '.join(arg_ts)}) -> "
@@ -159,16 +183,16 @@ def lower_linear(module, arch: str, min_weight_bytes: int = GEMM_MIN_WEIGHT_BYTE
             raise DFlashError(f"splice: {name} has operands {len(op.operands)} / weights {len(weights)} other than "
                               "export/ops.py declares")
         M, K, x_t = _rows(x)
+        quant, scales, zeros, qwhy = _quant(rest)
         why = None if has_kernel(arch, "gemm") else f"arch {arch} has no skinny GEMM kernel"
-        if why is None and (list_operands(rest[0]) or list_operands(rest[1])):
-            why = "4-bit weights (scales, zeros) have no kernel yet"
+        why = why or qwhy
         if why is None and M is None:
             why = f"x {x_t} is not bf16 with static rows"
         if why is None and name != LINEAR_OP and not epilogues:
             why = "epilogues off"
         if why is None and name != LINEAR_OP and M < min_m:
             why = f"M={M}: an epilogue takes M >= {min_m}"
-        checked = [_weight_ok(w, M, K, arch, min_weight_bytes) for w in weights] if why is None else []
+        checked = [_weight_ok(w, M, K, arch, min_weight_bytes, quant) for w in weights] if why is None else []
         taken = [i for i, (_, w_why) in enumerate(checked) if w_why is None]
         if why is None and name != LINEAR_OP and len(taken) != len(weights):
             why = next(w_why for _, w_why in checked if w_why)
@@ -184,18 +208,21 @@ def lower_linear(module, arch: str, min_weight_bytes: int = GEMM_MIN_WEIGHT_BYTE
             Ns = tuple(checked[j][0] for j in run)
             epi = {LINEAR_RESIDUAL_OP: "residual", LINEAR_SWIGLU_OP: "swiglu"}.get(name)
             out_ts = [builtin_type(refs[j].type) for j in (run if epi is None else [0])]
-            fn, d = _gemm_function(M, Ns, K, arch, x_t, out_ts, epi, module)
-            operands = [x, *(weights[j] for j in run)] + ([residual] if residual is not None else [])
+            fn, d = _gemm_function(M, Ns, K, arch, x_t, out_ts, epi, module, quant)
+            packed = [[weights[j]] + ([] if quant is None else [scales[j]] + zeros[j:j + 1]) for j in run]
+            operands = [x, *(v for vs in packed for v in vs)] + ([residual] if residual is not None else [])
             got = emit_call(op, fn, operands, out_ts, [refs[j].type for j in (run if epi is None else [0])])
             for j, v in zip(run if epi is None else [0], got):
                 values[j] = v
-            key = (M, Ns, K, d.epilogue)
+            key = (M, Ns, K, d.epilogue, quant)
             counts.setdefault(key, [0, d.plan.splits])[0] += 1
             out.flags += [f for f in d.flags if f not in out.flags]
         if why:
             out.iree[why] = out.iree.get(why, 0) + len(weights) - len(taken)
         replace_with_values(op, values)
     out.entries = [{"M": M, "N": Ns[0] if len(Ns) == 1 else list(Ns), "K": K, "ops": c, "mms": c * len(Ns),
-                    "splits": splits, **({"epilogue": e} if e else {})}
-                   for (M, Ns, K, e), (c, splits) in sorted(counts.items(), key=lambda kv: (kv[0][:3], kv[0][3] or ""))]
+                    "splits": splits, **({"epilogue": e} if e else {}),
+                    **({"q4": f"{q.fmt}/{q.group}"} if q else {})}
+                   for (M, Ns, K, e, q), (c, splits) in sorted(counts.items(),
+                                                               key=lambda kv: (kv[0][:3], kv[0][3] or "", str(kv[0][4])))]
     return out

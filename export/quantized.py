@@ -37,22 +37,30 @@ def unpack(packed: torch.Tensor) -> torch.Tensor:
     return torch.bitwise_and(torch.bitwise_right_shift(packed[..., None], shifts), 15).reshape(packed.shape[0], -1)
 
 
+def _affine(packed: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor, g: int, dtype) -> torch.Tensor:
+    """MLX's w = scale * u + bias in float32 for packed int32 [R, K / 8] with scales, biases [R, K / g],
+    rounded to `dtype`: [R, K]."""
+    R = packed.shape[0]
+    u = unpack(packed).reshape(R, -1, g).float()
+    s = scales.float()[..., None]
+    w = s * u if PLANTED == "no-bias" else s * u + biases.float()[..., None]
+    return w.reshape(R, -1).to(dtype)
+
+
 def dequantize(layer: "QuantLinear", dtype: torch.dtype) -> torch.Tensor:
     """The float weight [N, K] of a packed layer, computed in float32 and rounded to `dtype`.
 
     One form for the eager reference and the export (the compiled graph computes exactly these
     float32 operations): the nibbles as [N, K / g, g], each group's scale and bias or offset
-    broadcast over its g columns (the grouped form of experiments/2026-12-02-quant-fusion/).
+    broadcast over its g columns (the grouped form of experiments/2026-12-02-quant-fusion/). The GPU
+    kernels compute the same values in registers (kernels/gemm/gemm_body.h, "Packed 4-bit weights").
     `PLANTED` set to "no-bias" drops MLX's bias / compressed-tensors' zero point (offset 8): the
     planted control of the tests, which compiled == eager must catch.
     """
     g, N, K = layer.group_size, layer.N, layer.K
-    u = unpack(layer.packed()).reshape(N, K // g, g).float()
     if layer.method == MLX:
-        s = layer.scales.float()[..., None]
-        b = layer.biases.float()[..., None]
-        w = s * u if PLANTED == "no-bias" else s * u + b
-        return w.reshape(N, K).to(dtype)
+        return _affine(layer.packed(), layer.scales, layer.biases, g, dtype)
+    u = unpack(layer.packed()).reshape(N, K // g, g).float()
     if layer.symmetric or PLANTED == "no-bias":
         offset = torch.full((N, K // g, 1), 8.0, dtype=torch.float32, device=u.device)
     else:  # zero points are packed along the output dim (compressed-tensors packed_dim=0)
@@ -108,6 +116,16 @@ class QuantLinear(nn.Module):
         """int32 [N, K / 8], the packed weight."""
         return getattr(self, self.roles["packed"])
 
+    def scale_tensor(self) -> torch.Tensor:
+        """[N, K / group] in the stored dtype: MLX's scales or compressed-tensors' weight_scale."""
+        return getattr(self, self.roles["scales"])
+
+    def offset_tensor(self) -> torch.Tensor | None:
+        """MLX's biases [N, K / group] (stored dtype), compressed-tensors' zero points int32
+        [ceil(N / 8), K / group] (asymmetric), or None (symmetric: offset 8)."""
+        role = "biases" if self.method == MLX else "zeros"
+        return getattr(self, self.roles[role]) if role in self.roles else None
+
     @property
     def dtype(self) -> torch.dtype:
         return self.compute_dtype
@@ -134,7 +152,14 @@ class QuantEmbedding(QuantLinear):
     compute dtype; `as_linear` is the tied lm_head on the same parameters."""
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(ids, self.dequantized())
+        if not (torch.compiler.is_exporting() or torch.compiler.is_compiling()):
+            return F.embedding(ids, self.dequantized())
+        # Exported: only the rows the ids pick are dequantized (the same values): the whole table's
+        # dequantization would be a dispatch writing a [vocab, hidden] tensor every call.
+        flat = ids.reshape(-1)
+        rows = _affine(self.packed()[flat], self.scale_tensor()[flat], self.offset_tensor()[flat], self.group_size,
+                       self.compute_dtype)
+        return rows.reshape(*ids.shape, self.K)
 
     def as_linear(self) -> QuantLinear:
         lin = QuantLinear.__new__(QuantLinear)

@@ -26,12 +26,30 @@ from . import ops
 from .sampling import Sampling, choose_tokens
 
 
-def _named(*linears: nn.Linear) -> bool:
-    """Whether to call the named ops (export/ops.py): while exporting, for float linears without a
-    bias (the kernels add none; a biased linear stays IREE's matmul + add). A 4-bit linear
-    (export/quantized.py) is its own dequantize + matmul in the graph: no named op takes packed
-    weights yet (the packed GEMM of issue #28), so IREE lowers it (host only, export/compile.py)."""
-    return torch.compiler.is_exporting() and all(lin.bias is None and isinstance(lin, nn.Linear) for lin in linears)
+def _named(*linears: nn.Module) -> bool:
+    """Whether to call the named ops (export/ops.py): while exporting, for linears without a bias (the
+    kernels add none; a biased linear stays IREE's matmul + add), all float or all packed 4-bit in
+    one format and group (export/quantized.py `QuantLinear`, whose packed tensors the op then
+    takes: `_operands`)."""
+    if not torch.compiler.is_exporting() or any(lin.bias is not None for lin in linears):
+        return False
+    from .quantized import QuantLinear
+
+    packed = [isinstance(lin, QuantLinear) for lin in linears]
+    if not any(packed):
+        return all(isinstance(lin, nn.Linear) for lin in linears)
+    return all(packed) and len({(lin.method, lin.group_size, lin.symmetric) for lin in linears}) == 1
+
+
+def _operands(linears) -> tuple[list, list, list, int]:
+    """(weights, scales, zeros, group_size) of the named linear ops for LINEARS: float weights and
+    [], [], 0; or packed 4-bit (export/ops.py "Packed 4-bit form")."""
+    from .quantized import QuantLinear
+
+    if not isinstance(linears[0], QuantLinear):
+        return [lin.weight for lin in linears], [], [], 0
+    return ([lin.packed() for lin in linears], [lin.scale_tensor() for lin in linears],
+            [z for lin in linears for z in [lin.offset_tensor()] if z is not None], linears[0].group_size)
 
 
 def project(x: torch.Tensor, linears) -> list[torch.Tensor]:
@@ -43,7 +61,8 @@ def project(x: torch.Tensor, linears) -> list[torch.Tensor]:
     refs = [lin(x) for lin in linears]
     if not _named(*linears):
         return refs
-    return list(ops.linear(x, [lin.weight for lin in linears], refs, [], [], 0))
+    w, sc, z, g = _operands(linears)
+    return list(ops.linear(x, w, refs, sc, z, g))
 
 
 def as_float32(x: torch.Tensor) -> torch.Tensor:
@@ -60,7 +79,10 @@ def as_float32(x: torch.Tensor) -> torch.Tensor:
 def project_residual(x: torch.Tensor, lin: nn.Linear, residual: torch.Tensor) -> torch.Tensor:
     """residual + lin(x): x [..., K], residual [..., N] (exported: the named op `dflash::linear_residual`)."""
     ref = residual + lin(x)
-    return ops.linear_residual(x, [lin.weight], residual, ref, [], [], 0) if _named(lin) else ref
+    if not _named(lin):
+        return ref
+    w, sc, z, g = _operands([lin])
+    return ops.linear_residual(x, w, residual, ref, sc, z, g)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -101,7 +123,8 @@ class MLP(nn.Module):
         ref = F.silu(self.gate_proj(x)) * self.up_proj(x)
         if not _named(self.gate_proj, self.up_proj):
             return ref
-        return ops.linear_swiglu(x, [self.gate_proj.weight, self.up_proj.weight], ref, [], [], 0)
+        w, sc, z, g = _operands([self.gate_proj, self.up_proj])
+        return ops.linear_swiglu(x, w, ref, sc, z, g)
 
     def add_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """residual + self(x), the MLP's half of a decoder layer (exported: two named ops)."""

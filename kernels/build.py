@@ -59,10 +59,12 @@ def targets() -> dict[str, tuple[str, str, list[str]]]:
         # The norm + rope: no contracted multiply-adds, so that each product rounds as the eager ops'
         # do (norm_rope/norm_rope_body.h). The GEMM is on the archs with matrix instructions only.
         tail = (["-ffp-contract=off"] if kernel == "norm_rope" else []) + [f"{kernel}_gpu.cu"]
-        for arch in kernel_archs(kernel, "cuda"):
-            out[f"{kernel}_{arch}.ptx"] = (arch, kernel, [a or f"--cuda-gpu-arch={arch}" for a in cuda] + tail)
-        for arch in kernel_archs(kernel, "hip"):
-            out[f"{kernel}_{arch}.co"] = (arch, kernel, [a or f"--offload-arch={arch}" for a in hip] + tail)
+        # The GEMM's 4-bit entry points are an object of their own (gemm_gpu.cu, GM_BITS).
+        for stem, defs in ((kernel, []), *((("gemm_q4", ["-DGM_BITS=4"]),) if kernel == "gemm" else ())):
+            for arch in kernel_archs(kernel, "cuda"):
+                out[f"{stem}_{arch}.ptx"] = (arch, kernel, [a or f"--cuda-gpu-arch={arch}" for a in cuda] + defs + tail)
+            for arch in kernel_archs(kernel, "hip"):
+                out[f"{stem}_{arch}.co"] = (arch, kernel, [a or f"--offload-arch={arch}" for a in hip] + defs + tail)
     out["topk_x86_64.o"] = ("host", "topk", ["--target=x86_64-unknown-unknown-eabi-elf", "-march=x86-64-v3",
                                              *_CPU_FLAGS, "-c", "topk_cpu.c"])
     out["topk_arm_64.o"] = ("host-arm_64", "topk", ["--target=aarch64-none-elf", "-march=armv8-a", *_CPU_FLAGS,

@@ -357,3 +357,178 @@ def test_to_iree_gives_every_linear_its_reference(tmp_path):
     text = str(splice.load(out))
     assert flags == [] and report["iree"] == {"gemm": {"to_iree": 1}}
     assert "torch.operator" not in text and text.count("torch.aten.linear") == 2
+
+
+# ---- the packed 4-bit form (issue #28): objects, MLIR, compiles, and its NumPy dequantization
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_q4_object_is_sound(arch):
+    """The 4-bit entry points are an object of their own (gemm_q4_*), each sound (no spills or scratch
+    on gfx, no local memory in the PTX) and with the bf16 kernel's matrix instructions."""
+    from dflash_iree.kernels.gemm import Q4
+    from dflash_iree.kernels.isa import GEMM_Q4_KERNELS
+
+    path = object_file(arch, Q4("mlx", 64))
+    assert path.name.startswith("gemm_q4_") and path.is_file(), f"{path} missing: make kernels"
+    assert inspect_object(path, arch, GEMM_Q4_KERNELS) == []
+    if arch in CUDA_ARCHS:
+        ptx = path.read_text()
+        assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx and "cvt.rn.bf16x2.f32" in ptx
+        # the nibbles become floats by an exponent trick, not a conversion (one a chunk: the zero point)
+        assert ptx.count("cvt.rn.f32.u32") <= ptx.count("cvt.rn.bf16x2.f32") / 4
+        assert "dflash_gemm_mt1" not in ptx  # the bf16 object keeps its own
+    else:
+        assert wmma_count(path) >= 3 * 4 * (1 + 2 + 3 + 4)
+
+
+@pytest.mark.parametrize("fmt", ["mlx", "sym", "zp"])
+def test_q4_mlir_text(fmt):
+    from dflash_iree.kernels.gemm import Q4
+
+    q = Q4(fmt, 64)
+    d = gemm_dispatch(16, (1024, 512), 4096, "sm_80", name="q", quant=q)
+    assert "@dflash_q4gemm2_mt1" in d.mlir and "gemm_q4_sm_80.ptx" in d.mlir
+    head = d.mlir[d.mlir.index("util.func private @q("):].split("\n")[0]
+    # x, two scales (and two biases), two results; two packed weights (and two zero-point tensors)
+    assert head.count("xi32>") == (2 if fmt != "zp" else 4) and head.count("bf16>") == 5 + 2 * (fmt == "mlx")
+    assert "tensor<1024x512xi32>" in head and "tensor<512x64xbf16>" in head
+    if fmt == "zp":
+        assert "tensor<64x64xi32>" in head  # 512 rows' zero points, eight a word
+    # every weight is three bindings (q, s, o): x, 2 x 3, then cnt, y0, y1, part
+    assert d.mlir.count("storage_buffer, ReadOnly") == 7 and "constants = 9" in d.mlir
+    assert d.plan == gemm_dispatch(16, (1024, 512), 4096, "sm_80").plan  # the plan is the bf16 weights'
+
+
+@pytest.mark.parametrize("args,match", [((16, 64, 96, "sm_80"), "whole groups"), ((16, 64, 128, "gfx1151"), "whole groups")])
+def test_q4_refusals(args, match):
+    from dflash_iree.kernels.gemm import Q4
+
+    with pytest.raises(DFlashError, match=match):
+        gemm_dispatch(*args, quant=Q4("mlx", 256 if args[3] == "gfx1151" else 64))
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "gfx1151"])
+def test_q4_compiles_for_gpu_targets(arch):
+    ic = pytest.importorskip("iree.compiler")
+    from dflash_iree.kernels.gemm import Q4
+    from dflash_iree.kernels.topk import device_flags
+
+    for M, N, K, epi, q in [(1, 1024, 4096, None, Q4("mlx", 64)), (16, (128, 64, 64), 384, None, Q4("zp", 128)),
+                            (33, 4096, 12288, "residual", Q4("sym", 128)), (16, (256, 256), 384, "swiglu", Q4("mlx", 32))]:
+        d = gemm_dispatch(M, N, K, arch, epilogue=epi, quant=q)
+        assert len(ic.compile_str(standalone_module(d), extra_args=device_flags(arch) + d.flags)) > 10000
+
+
+@pytest.mark.parametrize("fmt", ["mlx", "sym", "zp"])
+def test_q4_reference_is_the_eager_dequantization(fmt):
+    """kernels/gemm/reference.py `dequantize_q4` (what the device check compares the kernel with)
+    gives the bits of export/quantized.py `dequantize` (the eager reference) in bf16."""
+    import torch
+
+    from dflash_iree.export.quantized import QuantLinear
+    from dflash_iree.kernels.gemm.reference import bf16_bits, dequantize_q4
+    from dflash_iree.quant import CT, MLX, QuantFormat, QuantLayer
+
+    N, K, g = 40, 256, 64
+    rng = np.random.default_rng(1)
+    q = rng.integers(0, 2**32, size=(N, K // 8), dtype=np.uint64).astype(np.uint32).view(np.int32)
+    s = bf16_bits(rng.standard_normal((N, K // g), dtype=np.float32) / 50)
+    o = (bf16_bits(rng.standard_normal((N, K // g), dtype=np.float32) / 5) if fmt == "mlx" else
+         rng.integers(0, 2**32, size=(N // 8, K // g), dtype=np.uint64).astype(np.uint32).view(np.int32)
+         if fmt == "zp" else None)
+    method = MLX if fmt == "mlx" else CT
+    keys = {"packed": "x.weight", "scales": "x.scales"} | ({"biases": "x.biases"} if fmt == "mlx" else {})
+    if fmt == "zp":
+        keys["zeros"] = "x.weight_zero_point"
+    if method == CT:
+        keys = {"packed": "x.weight_packed", "scales": "x.weight_scale", "shape": "x.weight_shape",
+                **({"zeros": "x.weight_zero_point"} if fmt == "zp" else {})}
+    layer = QuantLayer("x", N, K, QuantFormat(method, 4, g, symmetric=fmt != "zp"), keys)
+    lin = QuantLinear(layer, {k: torch.bfloat16 for k in keys.values()}, torch.bfloat16)
+    bf = lambda a: torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)  # noqa: E731
+    lin.packed().data = torch.from_numpy(q.copy())
+    lin.scale_tensor().data = bf(s)
+    if fmt == "mlx":
+        lin.offset_tensor().data = bf(o)
+    elif fmt == "zp":
+        lin.offset_tensor().data = torch.from_numpy(o.copy())
+    eager = lin.dequantized().view(torch.int16).numpy().view(np.uint16)
+    assert (dequantize_q4(q, s, o, fmt, g, N, K) == eager).all()
+
+
+def _quant_linears(K: int, Ns, fmt: str, group: int):
+    """Packed 4-bit linears [n, K] of random contents in FMT (export/quantized.py's modules, as a
+    checkpoint of that format binds them): what the lowering sees is their types."""
+    import torch
+
+    from dflash_iree.export.quantized import QuantLinear
+    from dflash_iree.quant import CT, MLX, QuantFormat, QuantLayer
+
+    out = []
+    for i, n in enumerate(Ns):
+        p = f"w{i}"
+        if fmt == "mlx":
+            keys = {"packed": f"{p}.weight", "scales": f"{p}.scales", "biases": f"{p}.biases"}
+        else:
+            keys = {"packed": f"{p}.weight_packed", "scales": f"{p}.weight_scale", "shape": f"{p}.weight_shape",
+                    **({"zeros": f"{p}.weight_zero_point"} if fmt == "zp" else {})}
+        layer = QuantLayer(p, n, K, QuantFormat(MLX if fmt == "mlx" else CT, 4, group, symmetric=fmt != "zp"), keys)
+        dtypes = {k: torch.bfloat16 for k in keys.values()} | {keys.get("shape", "-"): torch.int64}
+        lin = QuantLinear(layer, dtypes, torch.bfloat16)
+        for t in lin.parameters():
+            t.data = (torch.randint(0, 2**31 - 1, t.shape, dtype=torch.int32) if not t.dtype.is_floating_point
+                      else torch.rand(t.shape).to(t.dtype) / 64)
+        out.append(lin)
+    return out
+
+
+@pytest.mark.parametrize("fmt,group", [("mlx", 64), ("sym", 128), ("zp", 32)])
+def test_splice_takes_packed_weights(tmp_path, fmt, group):
+    """A 4-bit layer's q, k, v (one op) and its MLP (swiglu, down + residual) take the packed kernel at
+    M = 1 and M = 16 on sm_80, every weight of them, and the compiled module has no dispatch that
+    writes a dequantized weight (the reference's dequantize + matmul is left dead)."""
+    torch = pytest.importorskip("torch")
+    aot = pytest.importorskip("iree.turbine.aot")
+    ic = pytest.importorskip("iree.compiler")
+    from types import SimpleNamespace
+
+    from dflash_iree.export import qwen3
+
+    K, I = 256, 512
+    for M in (1, 16):
+        class Layer(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.ws = torch.nn.ModuleList(_quant_linears(K, (256, 128, 128), fmt, group))
+                self.mlp = qwen3.MLP(SimpleNamespace(hidden_size=K, intermediate_size=I), torch.bfloat16, device="meta")
+                self.mlp.gate_proj, self.mlp.up_proj = _quant_linears(K, (I, I), fmt, group)
+                self.mlp.down_proj, = _quant_linears(I, (K,), fmt, group)
+
+            def forward(self, x):
+                return (*qwen3.project(x, list(self.ws)), self.mlp.add_to(x, x * 2))
+
+        module = Layer()
+        aot.externalize_module_parameters(module)
+        src = tmp_path / f"q4-{M}.mlir"
+        aot.export(module, args=(torch.zeros(1, M, K, dtype=torch.bfloat16),)).save_mlir(src)
+        out, flags, report = _lower(src, tmp_path, "sm_80")
+        assert "iree" not in report or "gemm" not in report["iree"], report.get("iree")
+        assert sorted((g.get("epilogue") or "", g["mms"], g["q4"]) for g in report["gemm"]) == [
+            ("", 3, f"{fmt}/{group}"), ("residual", 1, f"{fmt}/{group}"), ("swiglu", 2, f"{fmt}/{group}")]
+        assert not _writes_weights(ic, out, flags, K, I)
+    # the planted control: the same layer on IREE's ops (the references) writes its dequantized weights
+    from dflash_iree.export import splice
+
+    lower = splice.to_iree(splice.LINEAR_OP, splice.LINEAR_RESIDUAL_OP, splice.LINEAR_SWIGLU_OP)
+    out, flags, _ = splice.splice_file(src, tmp_path / "iree.mlirbc", "sm_80", {"gemm": lower})
+    assert _writes_weights(ic, out, flags, K, I)
+
+
+def _writes_weights(ic, path, flags, K: int, I: int) -> bool:
+    """Whether a dispatch of the compiled module (flow IR, sm_80) writes a bf16 tensor of a weight's shape."""
+    from dflash_iree.kernels.topk import device_flags
+
+    flow = ic.compile_file(str(path), extra_args=device_flags("sm_80") + flags + ["--compile-to=flow"]).decode()
+    written = re.findall(r"flow\.dispatch[^\n]*-> \(?([^\n]*)", flow)
+    return any(f"tensor<{n}x{k}xbf16>" in line for line in written for n, k in ((256, K), (I, K), (K, I)))

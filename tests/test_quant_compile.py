@@ -11,7 +11,8 @@ checkpoints (tests/quant_writers.py, via conftest's quant_dirs) compiled once pe
   the eager reference with that same bug (quantized.PLANTED = "no-bias"): the check sees a dequant
   that loses them;
 - the manifest's quantization records and parameter dtypes, the export cache key, and the refusals
-  (quantize on load, GPU archs, a checkpoint of another format, one line each, nothing written).
+  (quantize on load; a GPU arch without the packed GEMM, f32 activations or scales there; a checkpoint
+  of another format: one line each, nothing written).
 """
 
 from __future__ import annotations
@@ -146,13 +147,18 @@ def test_compile_bits_on_load_is_refused(quant_dirs, option, capsys, tmp_path):
     assert len(err.strip().splitlines()) == 1 and not out.exists()
 
 
-@pytest.mark.parametrize("arch", ["sm_80", "gfx1151"])
-def test_gpu_arch_refuses_4bit(quant_dirs, arch, capsys, tmp_path):
+@pytest.mark.parametrize("arch,extra,needles", [
+    ("gfx1030", [], ["packed-weight GEMM kernel", "gfx1030", "--arch host"]),  # no GEMM kernel there
+    ("sm_80", [], ["--dtype f32", "compute in bf16", "pass --dtype bf16"]),  # the tiny target is float32
+    ("gfx1151", ["--dtype", "bf16"], ["q-mlx: lm_head.biases is f32", "reads bf16 scales and biases"])])
+def test_gpu_arch_refuses_4bit_it_cannot_take(quant_dirs, arch, extra, needles, capsys, tmp_path):
+    """4-bit weights compile for the GPU archs of the packed GEMM in bf16 with bf16 scales and biases
+    (tests/test_gemm.py: the kernel and its lowering); anything else is one line, nothing written."""
     out = tmp_path / "out"
     rc, _, err = cli(capsys, "compile", "--arch", arch, "--target", quant_dirs["mlx"], "--drafter",
-                     quant_dirs["drafter"], "--out", out)
-    assert_refused(rc, err, "no packed-weight GEMM kernel", arch, "--arch host")
-    assert len(err.strip().splitlines()) == 1 and not out.exists()
+                     quant_dirs["drafter"], "--out", out, *extra)
+    assert_refused(rc, err, *needles)  # after --dtype bf16's warning on a float32 checkpoint, one error line
+    assert sum("error:" in line for line in err.splitlines()) == 1 and not out.exists()
 
 
 @pytest.mark.parametrize("given", ["float", "ct"])

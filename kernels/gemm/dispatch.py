@@ -12,6 +12,11 @@ With an epilogue it also does the op the model applies next, which then costs no
 `epilogue="residual"`, `@{name}(%x, %w, %r) -> r + x . W^T` (the add after o_proj and down_proj);
 `epilogue="swiglu"`, `@{name}(%x, %w0, %w1) -> silu(x . W0^T) * (x . W1^T)` (gate, up: the MLP's
 input to down_proj); each op rounded to bf16 as the eager model rounds it.
+With `quant=Q4(fmt, group)` each weight is packed 4-bit as its checkpoint stores it (gemm_body.h,
+"Packed 4-bit weights"), and the function takes per weight `%q{g}` int32 [N, K / 8], `%s{g}` bf16
+[N, K / group] and by format `%o{g}`: MLX's biases bf16 [N, K / group] ("mlx"), compressed-tensors'
+zero points int32 [ceil(N / 8), K / group] ("zp"), or nothing (compressed-tensors symmetric, "sym");
+the dequantized weight lives in registers only (issue #28).
 The plan (columns per workgroup, k splits, workgroups along the columns) depends on (the N's, K,
 arch) only, never on M: every row of y is computed by the same sequence of instructions whatever M
 is (see gemm_body.h, numerics contract). GPU archs only (CUDA sm_80/86/89 and RDNA3/4
@@ -37,6 +42,29 @@ ARCHS = CUDA_ARCHS + HIP_ARCHS
 MAX_M = 64
 MAX_WEIGHTS = 3  # weights of one x in one dispatch (q, k, v)
 EPILOGUES = ("residual", "swiglu")
+# Packed 4-bit formats (gemm_body.h GM_Q_*: the codes are the kernel's `fmt` push constant) and the
+# groups the kernel takes: a chunk of k-values must lie in one group.
+Q4_FORMATS = {"mlx": 0, "sym": 1, "zp": 2}
+Q4_GROUPS = (32, 64, 128)
+
+
+@dataclass(frozen=True)
+class Q4:
+    """A packed 4-bit weight format of the kernel: fmt "mlx" (w = s*q + b), "sym" (w = s*(q - 8)) or
+    "zp" (w = s*(q - z)); group: k-values per scale (32, 64 or 128)."""
+
+    fmt: str
+    group: int
+
+    def operand_types(self, N: int, K: int) -> list[str]:
+        """The MLIR types of one weight's operands: q, s and (mlx, zp) o."""
+        g = K // self.group
+        ts = [f"tensor<{N}x{K // 8}xi32>", f"tensor<{N}x{g}xbf16>"]
+        if self.fmt == "mlx":
+            ts.append(f"tensor<{N}x{g}xbf16>")
+        elif self.fmt == "zp":
+            ts.append(f"tensor<{-(-N // 8)}x{g}xi32>")
+        return ts
 
 # Per backend, as compiled into the objects (gemm_gpu.cu): threads per workgroup, columns per
 # workgroup (GM_WARPS * GM_CW * GM_TN) and k-values per chunk (GM_KC): a split's k range is a
@@ -108,6 +136,7 @@ class GemmDispatch:
     flags:   what `iree-compile` needs besides the device target (the object search path).
     objects: the object files the text refers to.
     epilogue: None, "residual" or "swiglu" (gemm_dispatch).
+    quant:   None (bf16 weights) or the packed 4-bit format (`Q4`); then each weight is its operands.
     """
 
     M: int
@@ -120,6 +149,7 @@ class GemmDispatch:
     flags: list[str] = field(default_factory=list)
     objects: list[Path] = field(default_factory=list)
     epilogue: str | None = None
+    quant: Q4 | None = None
 
     @property
     def N(self) -> int:
@@ -149,14 +179,17 @@ def chunk_k(arch: str) -> int:
     return _backend(arch)["chunk"]
 
 
-def object_file(arch: str) -> Path:
-    """Committed object for ARCH: PTX for sm_*, a code object for gfx*."""
+def object_file(arch: str, quant: "Q4 | None" = None) -> Path:
+    """Committed object for ARCH: PTX for sm_*, a code object for gfx*; QUANT: the 4-bit entry points'
+    (gemm_q4_*)."""
     _backend(arch)
-    return OBJECTS_DIR / (f"gemm_{arch}.ptx" if arch in CUDA_ARCHS else f"gemm_{arch}.co")
+    stem = "gemm_q4" if quant is not None else "gemm"
+    return OBJECTS_DIR / (f"{stem}_{arch}.ptx" if arch in CUDA_ARCHS else f"{stem}_{arch}.co")
 
 
-def why_unsupported(M: int, N: int, K: int, arch: str) -> str | None:
-    """None when the kernel takes this shape on ARCH, else the reason it does not."""
+def why_unsupported(M: int, N: int, K: int, arch: str, quant: Q4 | None = None) -> str | None:
+    """None when the kernel takes this shape (QUANT: packed 4-bit in that format) on ARCH, else the
+    reason it does not."""
     if arch not in ARCHS:
         return f"arch {arch} has no skinny-GEMM kernel"
     b = _backend(arch)
@@ -168,6 +201,12 @@ def why_unsupported(M: int, N: int, K: int, arch: str) -> str | None:
         return f"K={K} is not a positive multiple of {b['chunk']}"
     if 16 * math.ceil(M / 16) * K >= 2**31 or N * K >= 2**31:  # x is padded to whole 16-row tiles
         return "operands too large for 32-bit element offsets"
+    if quant is not None:
+        if quant.fmt not in Q4_FORMATS:
+            return f"4-bit format {quant.fmt!r} is not one of {', '.join(Q4_FORMATS)}"
+        if quant.group not in Q4_GROUPS or K % quant.group:
+            return (f"4-bit group {quant.group} does not cut K={K} into whole groups of "
+                    f"{' or '.join(map(str, Q4_GROUPS))}")
     return None
 
 
@@ -226,7 +265,7 @@ def gemm_plan(N, K: int, arch: str, splits: int | None = None, paired: bool = Fa
 
 def gemm_dispatch(M: int, N, K: int, arch: str, *, name: str = "dflash_gemm",
                   splits: int | None = None, epilogue: str | None = None,
-                  out_shape: tuple[int, ...] | None = None) -> GemmDispatch:
+                  out_shape: tuple[int, ...] | None = None, quant: Q4 | None = None) -> GemmDispatch:
     """Builds the spliceable skinny GEMM y[M, N] = x[M, K] . W[N, K]^T on ARCH, or with N a tuple of
     1..3 row counts, y_g = x . W_g^T for several weights of one x in one dispatch (the q, k and v
     projections of a layer; gate and up).
@@ -239,7 +278,8 @@ def gemm_dispatch(M: int, N, K: int, arch: str, *, name: str = "dflash_gemm",
     the result [M, N]); "swiglu" (N = (n, n), gate then up: `@{name}(%x, %w0, %w1) ->
     bf16(bf16(silu(g)) * u)` with g, u the two products rounded to bf16, [M, n]). out_shape: the
     epilogue's r and result shape (default (M, N); any shape of M * N elements, e.g. the model's
-    [1, M, N]). kernels/gemm/gemm_body.h, "Epilogues", has the roundings.
+    [1, M, N]). kernels/gemm/gemm_body.h, "Epilogues", has the roundings. quant: packed 4-bit
+    weights in that format (module docstring): each `%w{g}` becomes its operands `Q4.operand_types`.
 
     Raises:
         DFlashError: a shape or arch the kernel does not take, an unknown epilogue or one whose
@@ -247,26 +287,34 @@ def gemm_dispatch(M: int, N, K: int, arch: str, *, name: str = "dflash_gemm",
     """
     Ns = _weights(N)
     for n in Ns:
-        why = why_unsupported(M, n, K, arch)
+        why = why_unsupported(M, n, K, arch, quant)
         if why:
             raise DFlashError(f"skinny GEMM [{M}x{K}] x [{n}x{K}]^T on {arch}: {why}")
     if epilogue not in (None, *EPILOGUES):
         raise DFlashError(f"skinny GEMM epilogue {epilogue!r}: use one of {EPILOGUES} or None")
     if epilogue == "residual" and len(Ns) != 1:
         raise DFlashError(f"the residual epilogue takes one weight, got {len(Ns)}")
-    obj = object_file(arch)
+    obj = object_file(arch, quant)
     if not obj.is_file():
         raise DFlashError(f"{obj} is missing: run `make kernels` to build the kernel objects")
     plan = gemm_plan(Ns, K, arch, splits, paired=epilogue == "swiglu")
     G, mt = len(Ns), math.ceil(M / 16)  # 16-row m-tiles: with G, the entry point of the object
     S, KR, cb = plan.splits, plan.kr, plan.col_blocks
     x_t, c_t = f"tensor<{M}x{K}xbf16>", f"tensor<{cb}xi32>"
-    w_t = [f"tensor<{n}x{K}xbf16>" for n in Ns]
-    w = ["%w"] if G == 1 else [f"%w{g}" for g in range(G)]
+    if quant is None:
+        w_t = [f"tensor<{n}x{K}xbf16>" for n in Ns]
+        w = ["%w"] if G == 1 else [f"%w{g}" for g in range(G)]
+        pre, w_ops, w_ops_t = "", w, w_t
+    else:  # the kernel takes three bindings a weight (q, s, o); "sym" has no o and passes s again
+        w_t = [t for n in Ns for t in quant.operand_types(n, K)]
+        w = [f"%{r}{g}" for g in range(G) for r in "qso"[:len(quant.operand_types(Ns[g], K))]]
+        pre = "q4"
+        w_ops = [f"%{r}{g}" for g in range(G) for r in ("q", "s", "o" if quant.fmt != "sym" else "s")]
+        w_ops_t = [t for n in Ns for t in (lambda ts: ts + ts[1:2] * (3 - len(ts)))(quant.operand_types(n, K))]
     # Split partials (scratch): each weight's [S, M, N_g] after the previous weight's; only the size counts.
     p_t = f"tensor<{S}x{M}x{plan.N}xf32>" if S > 1 else "tensor<1xf32>"
     if epilogue is None:
-        entry = f"dflash_gemm{G if G > 1 else ''}_mt{mt}"
+        entry = f"dflash_{pre}gemm{G if G > 1 else ''}_mt{mt}"
         ins, in_t = w, w_t
         y_t = [f"tensor<{M}x{n}xbf16>" for n in Ns]
     else:
@@ -277,13 +325,18 @@ def gemm_dispatch(M: int, N, K: int, arch: str, *, name: str = "dflash_gemm",
         o_t = f"tensor<{'x'.join(map(str, shape))}xbf16>"
         y_t = [o_t]
         if epilogue == "residual":
-            entry, ins, in_t = f"dflash_gemm_res_mt{mt}", w + ["%res"], w_t + [o_t]
+            entry, ins, in_t = f"dflash_{pre}gemm_res_mt{mt}", w + ["%res"], w_t + [o_t]
+            w_ops, w_ops_t = w_ops + ["%res"], w_ops_t + [o_t]
         else:
-            entry, ins, in_t = f"dflash_swiglu_mt{mt}", w, w_t
+            entry, ins, in_t = f"dflash_{pre}swiglu_mt{mt}", w, w_t
     # one N per weight; an epilogue's kernel takes one (the columns of each of its weights)
     const_ns = Ns if epilogue is None else Ns[:1]
     consts = [("M", M), ("K", K), ("KR", KR), ("S", S), ("GX", plan.grid_x)] + [(f"N{g}", n) for g, n in enumerate(const_ns)]
-    layout = pipeline_layout(len(consts), 1 + len(ins), len(ins) + len(y_t) + 3)
+    if quant is not None:
+        consts += [("F", Q4_FORMATS[quant.fmt]), ("G", quant.group)]
+    if quant is None:
+        w_ops, w_ops_t = ins, in_t
+    layout = pipeline_layout(len(consts), 1 + len(w_ops), len(w_ops) + len(y_t) + 3)
     text = executable_source(f"{name}_mm", entry, arch, obj.name, layout, plan.threads, 2)
     # The split-K arrival counters: zero, and left zero by every call (the last workgroup of a column
     # block resets its counter), so one module global serves every call of this function.
@@ -295,21 +348,21 @@ def gemm_dispatch(M: int, N, K: int, arch: str, *, name: str = "dflash_gemm",
     text += (f"    %gx = arith.constant {plan.grid_x} : index\n    %gy = arith.constant {S} : index\n"
              f"    %c = util.global.load @{name}_cnt : {c_t}\n"
              f"    %r:{len(y_t) + 2} = flow.dispatch @{name}_mm::@{entry}[%gx, %gy]"
-             f"({', '.join(f'%c{c}' for c, _ in consts)}, %x, {', '.join(ins)}, %c)"
-             f" : ({', '.join(['i32'] * len(consts))}, {x_t}, {', '.join(in_t)}, {c_t})"
+             f"({', '.join(f'%c{c}' for c, _ in consts)}, %x, {', '.join(w_ops)}, %c)"
+             f" : ({', '.join(['i32'] * len(consts))}, {x_t}, {', '.join(w_ops_t)}, {c_t})"
              f" -> (%c, {', '.join(y_t)}, {p_t})\n"
              f"    util.global.store %r#0, @{name}_cnt : {c_t}\n"
              f"    util.return {', '.join(f'%r#{g + 1}' for g in range(len(y_t)))} : {', '.join(y_t)}\n}}\n")
     return GemmDispatch(M=M, Ns=Ns, K=K, arch=arch, name=name, plan=plan, mlir=text,
-                        flags=search_flags(), objects=[obj],
-                        epilogue=epilogue)
+                        flags=search_flags(), objects=[obj], epilogue=epilogue, quant=quant)
 
 
 def standalone_module(d: GemmDispatch) -> str:
     """A whole module around D with a public `gemm(x, w0, ..[, r]) -> (y0, ..)` (D's function's
     arguments and results, out_shape left at its default)."""
     x_t = f"tensor<{d.M}x{d.K}xbf16>"
-    in_t = [f"tensor<{n}x{d.K}xbf16>" for n in d.Ns]
+    in_t = [t for n in d.Ns for t in
+            ([f"tensor<{n}x{d.K}xbf16>"] if d.quant is None else d.quant.operand_types(n, d.K))]
     y_t = [f"tensor<{d.M}x{n}xbf16>" for n in d.Ns]
     if d.epilogue is not None:
         y_t = y_t[:1]

@@ -28,14 +28,32 @@
  * lanes of a column read one contiguous segment), and given to the matrix instruction under a fixed
  * permutation of k; the x fragments are loaded with the same permutation, so the sum is unchanged.
  *
+ * Packed 4-bit weights (gm_w4, issue #28): the same kernel reads W as its checkpoint stores it, q int32
+ * [N, K / 8] (eight 4-bit values a word along k, value j in bits 4j..4j+3) with one bf16 scale s per
+ * group of `group` k-values of a row ([N, K / group]) and, by format, MLX's bf16 bias b
+ * (w = s*q + b), compressed-tensors' symmetric offset 8 (w = s*(q - 8)) or its zero points z, int32
+ * [ceil(N / 8), K / group] packed along n (w = s*(q - z)). Each lane dequantizes its own fragment in
+ * registers, as fma(s, q, o) in f32 with o = b or -z*s: s*q and z*s are exact in f32 (8 + 4
+ * significant bits), so this is the one f32 rounding of export/quantized.py's `dequantize`, and the
+ * value is then rounded to bf16 as there; no dequantized weight is written anywhere. The chunks, their
+ * k order and the matrix instructions are the bf16 kernel's, so the numerics contract holds as
+ * stated, with W the dequantized bf16 weight. A chunk (32 or 16 k-values, from a multiple of its
+ * size) lies in one group (group in 32, 64, 128).
+ *
  * Each backend layer (gemm_gpu.cu) includes gpu.h (kg_bf16) and defines before including this file:
  *   GM_FN, GM_TID(), GM_WG_X(), GM_WG_Y()  qualifiers, thread id, workgroup ids
  *   GM_WARPS, GM_CW, GM_U         warps per workgroup, column tiles per warp, chunks per round
+ *   GM_UQ(MT)                     chunks per round of the 4-bit entry points of MT m-tiles
  *   GM_BLOCK_LOOP                 1: a workgroup may take several column blocks in turn (GX < blocks)
  *   GM_TN, GM_KC                  columns per tile, k-values per chunk
  *   gm_wfrag, gm_xfrag, gm_acc    a lane's W fragment of one chunk, x fragment of one chunk and
  *                                 m-tile, accumulator of one m-tile x column tile
  *   gm_load_w(f, w, col, k, ok)   W fragment of tile column base `col` at chunk start k (zeros if !ok)
+ *   GM_WLANE_N(l), GM_WLANE_K(l), GM_WLANE_V  a lane's W fragment: column col + N(l), k-values
+ *                                 k + K(l) .. + V - 1 in order (4-bit: V / 8 words)
+ *   gm_load_q(words, p, ok)       V / 8 consecutive int32 words at p (zeros if !ok), streamed
+ *   gm_wfrag_set(f, pairs)        a W fragment from its V bf16 values, two a word (low half first)
+ *   gm_pack_bf16x2(lo, hi)        two f32 -> bf16 bits (nearest even) in one word, lo in the low half
  *   gm_load_x(f, x, row0, k, M, K) x fragment of m-tile rows row0.. at chunk start k (rows >= M are 0)
  *   gm_mma(acc, xf, wf)           acc += the chunk's products
  *   gm_acc_zero(acc)
@@ -86,36 +104,120 @@ GM_FN unsigned short gm_swiglu(unsigned short g, unsigned short u) {
   return gm_bf16(gm_f32(gm_bf16(silu)) * gm_f32(u));
 }
 
+/* A weight operand is fetched (gm_fetch: the loads of a chunk, its `raw` form, in flight for a whole
+ * round) and then expanded (gm_expand: the chunk's bf16 W fragment, just before its matrix
+ * instructions, so that a round holds only the raw forms in registers).
+ * gm_w16: bf16 [N, K] as stored; raw is the fragment itself. */
+struct gm_w16 {
+  typedef gm_wfrag raw;
+  const unsigned short* w;
+};
+GM_FN void gm_fetch(gm_wfrag* r, const gm_w16& ws, int col, int k, int K, int ok) { gm_load_w(r, ws.w, col, k, K, ok); }
+GM_FN void gm_expand(gm_wfrag* f, const gm_wfrag& r, const gm_w16&) { *f = r; }
+
+/* gm_w4: a packed 4-bit weight (header): q, s, and o = b (GM_Q_MLX, bf16) or z (GM_Q_ZP, int32), unused
+ * for GM_Q_SYM; fmt and group are uniform push constants. raw: a lane's words of the chunk, its
+ * group's scale and offset o (w = fma(s, q, o): o = b, or -z * s, exact). */
+#define GM_Q_MLX 0
+#define GM_Q_SYM 1
+#define GM_Q_ZP 2
+struct gm_q4raw {
+  unsigned words[GM_WLANE_V / 8];
+  float s, o;
+};
+struct gm_w4 {
+  typedef gm_q4raw raw;
+  const unsigned* q;
+  const unsigned short* s;
+  const void* o;
+  int fmt, group;
+};
+
+GM_FN void gm_fetch(gm_q4raw* r, const gm_w4& ws, int col, int k, int K, int ok) {
+  const int lane = GM_TID() % GM_LANES;
+  const int n = col + GM_WLANE_N(lane), k0 = k + GM_WLANE_K(lane);
+  const int groups = K / ws.group, g = k0 / ws.group;
+  gm_load_q(r->words, ws.q + (long)n * (K / 8) + k0 / 8, ok);
+  r->s = r->o = 0.0f;
+  if (ok) {
+    const long gi = (long)n * groups + g;
+    r->s = gm_f32(ws.s[gi]);
+    if (ws.fmt == GM_Q_MLX)
+      r->o = gm_f32(((const unsigned short*)ws.o)[gi]);
+    else {
+      const unsigned z =
+          ws.fmt == GM_Q_ZP ? (((const unsigned*)ws.o)[(long)(n / 8) * groups + g] >> (4 * (n % 8))) & 15u : 8u;
+      r->o = -(float)z * r->s;
+    }
+  }
+}
+
+/* Value j (0..7) of a packed word as an exact f32: its 4 bits under the exponent of 2^23, less 2^23
+ * (no integer-to-float conversion, a slow instruction on both vendors). */
+GM_FN float gm_nibble(unsigned word, int j) {
+  union { unsigned u; float f; } v;
+  v.u = 0x4B000000u | ((word >> (4 * j)) & 15u);
+  return v.f - 8388608.0f;
+}
+
+/* A lane's fragment from its words, scale and offset: w = bf16(fma(s, q, o)) value by value. */
+GM_FN void gm_dequant(gm_wfrag* f, const unsigned (&words)[GM_WLANE_V / 8], float s, float o) {
+  unsigned pairs[GM_WLANE_V / 2];
+#pragma unroll
+  for (int i = 0; i < GM_WLANE_V / 2; ++i) {
+    const unsigned word = words[i / 4];
+    pairs[i] = gm_pack_bf16x2(__builtin_fmaf(s, gm_nibble(word, (2 * i) % 8), o),
+                              __builtin_fmaf(s, gm_nibble(word, (2 * i + 1) % 8), o));
+  }
+  gm_wfrag_set(f, pairs);
+}
+
+GM_FN void gm_expand(gm_wfrag* f, const gm_q4raw& r, const gm_w4&) { gm_dequant(f, r.words, r.s, r.o); }
+
+
+
 /* U consecutive chunks from kk of one warp's GM_CW column tiles into acc: all U chunks' W loads are
  * issued first (U chunks in flight), then consumed in increasing k order, a chunk at a time. */
-template <int GM_MT, int U>
-GM_FN void gm_round(gm_acc (&acc)[GM_MT][GM_CW], const unsigned short* __restrict__ x,
-                    const unsigned short* __restrict__ w, int col_w, const int (&ok)[GM_CW], int kk, int M, int K) {
-  gm_wfrag wf[GM_CW][U];
+template <int GM_MT, int U, class WS>
+GM_FN void gm_round(gm_acc (&acc)[GM_MT][GM_CW], const unsigned short* __restrict__ x, const WS& w, int col_w,
+                    const int (&ok)[GM_CW], int kk, int M, int K) {
+  typename WS::raw wr[GM_CW][U];
 #pragma unroll
   for (int j = 0; j < U; ++j)
 #pragma unroll
-    for (int c = 0; c < GM_CW; ++c) gm_load_w(&wf[c][j], w, col_w + c * GM_TN, kk + j * GM_KC, K, ok[c]);
+    for (int c = 0; c < GM_CW; ++c) gm_fetch(&wr[c][j], w, col_w + c * GM_TN, kk + j * GM_KC, K, ok[c]);
 #pragma unroll
   for (int j = 0; j < U; ++j) {
+    gm_wfrag wf[GM_CW];
+#pragma unroll
+    for (int c = 0; c < GM_CW; ++c) gm_expand(&wf[c], wr[c][j], w);
 #pragma unroll
     for (int mt = 0; mt < GM_MT; ++mt) {
       gm_xfrag xf;
       gm_load_x(&xf, x, mt * 16, kk + j * GM_KC, M, K);
 #pragma unroll
-      for (int c = 0; c < GM_CW; ++c) gm_mma(&acc[mt][c], &xf, &wf[c][j]);
+      for (int c = 0; c < GM_CW; ++c) gm_mma(&acc[mt][c], &xf, &wf[c]);
     }
   }
 }
+
+/* Chunks a round: GM_U for bf16 weights, GM_UQ(MT) for packed ones (their expansion needs registers). */
+template <class WS, int MT>
+struct gm_u {
+  static constexpr int value = GM_U;
+};
+template <int MT>
+struct gm_u<gm_w4, MT> {
+  static constexpr int value = GM_UQ(MT);
+};
 
 /* Column block wg_x (of ceil(N / GM_BN); GM_EPI_SWIGLU: ceil(N / (GM_BN / 2))), split wg_y (of S) of
  * one weight (GM_EPI_SWIGLU: w the gate's, w1 up's), as one workgroup does it. When S == 1, y is
  * bf16[M*N]; otherwise part is f32[S*M*N] (split-major scratch; GM_EPI_SWIGLU: the gate's, then
  * up's) and cnt int32[blocks] is zero on entry and left zero. r: GM_EPI_RESIDUAL's bf16[M*N]. */
-template <int GM_MT, int GM_EPI = GM_EPI_NONE>
-GM_FN void gm_workgroup(const unsigned short* __restrict__ x, const unsigned short* __restrict__ w,
-                        unsigned short* __restrict__ y, float* __restrict__ part, int* cnt, int M, int N, int K,
-                        int KR, int S, int wg_x, int wg_y, int tid, const unsigned short* __restrict__ w1 = 0,
+template <int GM_MT, int GM_EPI = GM_EPI_NONE, class WS>
+GM_FN void gm_workgroup(const unsigned short* __restrict__ x, WS w, unsigned short* __restrict__ y, float* __restrict__ part, int* cnt, int M, int N, int K,
+                        int KR, int S, int wg_x, int wg_y, int tid, WS w1 = WS{},
                         const unsigned short* __restrict__ r = 0) {
   const int warp = tid / GM_LANES;
   const int half = GM_EPI == GM_EPI_SWIGLU ? warp / (GM_WARPS / 2) : 0; /* 1: an up warp */
@@ -135,11 +237,12 @@ GM_FN void gm_workgroup(const unsigned short* __restrict__ x, const unsigned sho
   }
   const int k_end = k0 + KR;
   int kk = k0;
-  for (; kk + GM_KC * GM_U <= k_end; kk += GM_KC * GM_U) /* whole rounds: GM_U chunks in flight */
-    gm_round<GM_MT, GM_U>(acc, x, w, col_w, ok, kk, M, K);
-  if (GM_U > 4) /* then a round of half as many: a short split (small K) keeps loads in flight */
-    for (; kk + GM_KC * (GM_U / 2) <= k_end; kk += GM_KC * (GM_U / 2))
-      gm_round<GM_MT, (GM_U > 4 ? GM_U / 2 : 1)>(acc, x, w, col_w, ok, kk, M, K);
+  constexpr int U = gm_u<WS, GM_MT>::value;
+  for (; kk + GM_KC * U <= k_end; kk += GM_KC * U) /* whole rounds: U chunks in flight */
+    gm_round<GM_MT, U>(acc, x, w, col_w, ok, kk, M, K);
+  if (U > 4) /* then a round of half as many: a short split (small K) keeps loads in flight */
+    for (; kk + GM_KC * (U / 2) <= k_end; kk += GM_KC * (U / 2))
+      gm_round<GM_MT, (U > 4 ? U / 2 : 1)>(acc, x, w, col_w, ok, kk, M, K);
   for (; kk < k_end; kk += GM_KC) /* the rest, a chunk at a time */
     gm_round<GM_MT, 1>(acc, x, w, col_w, ok, kk, M, K);
   /* GM_EPI_SWIGLU, one split: up's rounded sums go to the gate warps, which hold the same outputs
@@ -221,12 +324,11 @@ GM_FN void gm_workgroup(const unsigned short* __restrict__ x, const unsigned sho
  * g's partials and counters follow weight g-1's in part and cnt. Each weight's columns are computed
  * exactly as gm_workgroup computes a lone weight with the same split, so the numerics contract holds
  * per weight, whatever G and GX are. */
-template <int GM_MT, int GM_G>
-GM_FN void gm_group_block(const unsigned short* __restrict__ x, const unsigned short* w0, const unsigned short* w1,
-                          const unsigned short* w2, int* cnt, unsigned short* y0, unsigned short* y1,
+template <int GM_MT, int GM_G, class WS>
+GM_FN void gm_group_block(const unsigned short* __restrict__ x, WS w0, WS w1, WS w2, int* cnt, unsigned short* y0, unsigned short* y1,
                           unsigned short* y2, float* part, int M, int K, int KR, int S, int N0, int N1, int N2,
                           int cb0, int cb1, int b, int wg_y, int tid) {
-  const unsigned short* w = w0;
+  WS w = w0;
   unsigned short* y = y0;
   int N = N0, coff = 0;
   long poff = 0;
@@ -237,9 +339,8 @@ GM_FN void gm_group_block(const unsigned short* __restrict__ x, const unsigned s
   gm_workgroup<GM_MT>(x, w, y, part + poff, cnt + coff, M, N, K, KR, S, b, wg_y, tid);
 }
 
-template <int GM_MT, int GM_G>
-GM_FN void gm_group(const unsigned short* __restrict__ x, const unsigned short* w0, const unsigned short* w1,
-                    const unsigned short* w2, int* cnt, unsigned short* y0, unsigned short* y1, unsigned short* y2,
+template <int GM_MT, int GM_G, class WS>
+GM_FN void gm_group(const unsigned short* __restrict__ x, WS w0, WS w1, WS w2, int* cnt, unsigned short* y0, unsigned short* y1, unsigned short* y2,
                     float* part, int M, int K, int KR, int S, int GX, int N0, int N1, int N2, int wg_x, int wg_y,
                     int tid) {
   const int cb0 = (N0 + GM_BN - 1) / GM_BN, cb1 = GM_G > 1 ? (N1 + GM_BN - 1) / GM_BN : 0;
@@ -255,9 +356,8 @@ GM_FN void gm_group(const unsigned short* __restrict__ x, const unsigned short* 
 
 /* One workgroup of a single-weight dispatch with an epilogue (GM_EPI_RESIDUAL: w0, r; GM_EPI_SWIGLU:
  * w0 = gate, w1 = up): grid GX x S, workgroup (wg_x, s) does split s of column blocks wg_x, wg_x + GX, ... */
-template <int GM_MT, int GM_EPI>
-GM_FN void gm_single(const unsigned short* __restrict__ x, const unsigned short* w0, const unsigned short* w1,
-                     const unsigned short* r, int* cnt, unsigned short* y, float* part, int M, int K, int KR, int S,
+template <int GM_MT, int GM_EPI, class WS>
+GM_FN void gm_single(const unsigned short* __restrict__ x, WS w0, WS w1, const unsigned short* r, int* cnt, unsigned short* y, float* part, int M, int K, int KR, int S,
                      int GX, int N, int wg_x, int wg_y, int tid) {
 #if GM_BLOCK_LOOP
   const int bn = GM_EPI == GM_EPI_SWIGLU ? GM_BN / 2 : GM_BN;

@@ -53,6 +53,9 @@
 #ifndef GM_MINB
 #define GM_MINB 4
 #endif
+#ifndef GM_UQ
+#define GM_UQ(MT) GM_U
+#endif
 #define GM_BLOCK_LOOP 1 /* the plan may give a workgroup several column blocks (kernels/gemm.py) */
 #define GM_TN 8
 #define GM_KC 32
@@ -78,6 +81,23 @@ GM_LD4(gm_ld4, "ld.global.nc.v4.u32")
 GM_FN void gm_load_w(gm_wfrag* f, const unsigned short* w, int col, int k, int K, int ok) {
   int lane = GM_TID() & 31;
   f->v = gm_ld4_stream(w + (long)(col + (lane >> 2)) * K + k + 8 * (lane & 3), ok);
+}
+
+/* 4-bit W: lane (g, t) holds the 8 k-values of one word, W[col + g, k + 8t .. + 7]. */
+#define GM_WLANE_N(lane) ((lane) >> 2)
+#define GM_WLANE_K(lane) (8 * ((lane) & 3))
+#define GM_WLANE_V 8
+GM_FN void gm_load_q(unsigned (&words)[1], const unsigned* p, int ok) {
+  unsigned a = 0;
+  asm("{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n @p ld.global.nc.L1::no_allocate.u32 %0, [%1];\n}"
+      : "+r"(a) : "l"(p), "r"(ok));
+  words[0] = a;
+}
+GM_FN void gm_wfrag_set(gm_wfrag* f, const unsigned (&pairs)[4]) { f->v = (gm_u4){pairs[0], pairs[1], pairs[2], pairs[3]}; }
+GM_FN unsigned gm_pack_bf16x2(float lo, float hi) {
+  unsigned d;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
 }
 
 GM_FN void gm_load_x(gm_xfrag* f, const unsigned short* x, int row0, int k, int M, int K) {
@@ -127,6 +147,15 @@ GM_FN float gm_acc_get(const gm_acc* a, int i, int* row, int* col) {
 #ifndef GM_U
 #define GM_U 4
 #endif
+/* 4-bit: gfx11's 3- and 4-m-tile entry points spill at 4 chunks a round (each lane expands all 16
+ * k-values of a chunk), so they take 2. */
+#ifndef GM_UQ
+#if defined(__gfx1200__) || defined(__gfx1201__)
+#define GM_UQ(MT) GM_U
+#else
+#define GM_UQ(MT) ((MT) <= 2 ? GM_U : 2)
+#endif
+#endif
 /* One column block per workgroup: the loop's hoisted addresses would spill the 3- and 4-m-tile
  * entry points here, and the plan never needs it (kernels/gemm.py). */
 #define GM_BLOCK_LOOP 0
@@ -153,6 +182,22 @@ GM_FN void gm_load_w(gm_wfrag* f, const unsigned short* w, int col, int k, int K
   const unsigned short* p = w + (long)(col + (lane & 15)) * K + k + GM_KOFF(lane);
   f->v = ok ? __builtin_nontemporal_load((const gm_frag_t*)p) : (gm_frag_t){};
 }
+
+/* 4-bit W: lane l holds the fragment's k-values of column l % 16 (gfx11 all 16: two words; gfx12 8: one). */
+#define GM_WLANE_N(lane) ((lane) & 15)
+#define GM_WLANE_K(lane) GM_KOFF(lane)
+#ifdef GM_GFX12
+#define GM_WLANE_V 8
+#else
+#define GM_WLANE_V 16
+#endif
+typedef unsigned gm_qv __attribute__((ext_vector_type(GM_WLANE_V / 8)));
+GM_FN void gm_load_q(unsigned (&words)[GM_WLANE_V / 8], const unsigned* p, int ok) {
+  gm_qv v = ok ? __builtin_nontemporal_load((const gm_qv*)p) : (gm_qv){};
+  __builtin_memcpy(words, &v, sizeof v);
+}
+GM_FN void gm_wfrag_set(gm_wfrag* f, const unsigned (&pairs)[GM_WLANE_V / 2]) { __builtin_memcpy(&f->v, pairs, sizeof f->v); }
+GM_FN unsigned gm_pack_bf16x2(float lo, float hi) { return kg_bf16(lo) | (unsigned)kg_bf16(hi) << 16; }
 
 GM_FN void gm_load_x(gm_xfrag* f, const unsigned short* x, int row0, int k, int M, int K) {
   int lane = GM_TID() & 31;
@@ -183,40 +228,83 @@ GM_FN float gm_acc_get(const gm_acc* a, int i, int* row, int* col) {
 #include "gemm_body.h"
 
 /* One entry point per weight count G and m-tile count MT: dflash_gemm_mt{MT} (G = 1),
- * dflash_gemm2_mt{MT}, dflash_gemm3_mt{MT}. */
+ * dflash_gemm2_mt{MT}, dflash_gemm3_mt{MT}; and the same for packed 4-bit weights, dflash_q4gemm*. */
 typedef unsigned short GM_U16;
+#define GM_W16(i) gm_w16{w##i}
 #define GM_ENTRY1(MT)                                                                                         \
   extern "C" __global__ void GM_LAUNCH(MT) dflash_gemm_mt##MT(const GM_U16* __restrict__ x, const GM_U16* w0, \
                                                                int* cnt, GM_U16* y0, float* part, int M, int K, \
                                                                int KR, int S, int GX, int N0) {                         \
-    gm_group<MT, 1>(x, w0, w0, w0, cnt, y0, y0, y0, part, M, K, KR, S, GX, N0, 0, 0, GM_WG_X(), GM_WG_Y(), GM_TID()); \
+    gm_group<MT, 1>(x, GM_W16(0), GM_W16(0), GM_W16(0), cnt, y0, y0, y0, part, M, K, KR, S, GX, N0, 0, 0, GM_WG_X(), GM_WG_Y(), GM_TID()); \
   }
 #define GM_ENTRY2(MT)                                                                                          \
   extern "C" __global__ void GM_LAUNCH(MT)                                                                    \
       dflash_gemm2_mt##MT(const GM_U16* __restrict__ x, const GM_U16* w0, const GM_U16* w1, int* cnt, GM_U16* y0, \
                           GM_U16* y1, float* part, int M, int K, int KR, int S, int GX, int N0, int N1) {               \
-    gm_group<MT, 2>(x, w0, w1, w1, cnt, y0, y1, y1, part, M, K, KR, S, GX, N0, N1, 0, GM_WG_X(), GM_WG_Y(), GM_TID()); \
+    gm_group<MT, 2>(x, GM_W16(0), GM_W16(1), GM_W16(1), cnt, y0, y1, y1, part, M, K, KR, S, GX, N0, N1, 0, GM_WG_X(), GM_WG_Y(), GM_TID()); \
   }
 #define GM_ENTRY3(MT)                                                                                           \
   extern "C" __global__ void GM_LAUNCH(MT)                                                                     \
       dflash_gemm3_mt##MT(const GM_U16* __restrict__ x, const GM_U16* w0, const GM_U16* w1, const GM_U16* w2,    \
                           int* cnt, GM_U16* y0, GM_U16* y1, GM_U16* y2, float* part, int M, int K, int KR, int S, \
                           int GX, int N0, int N1, int N2) {                                                              \
-    gm_group<MT, 3>(x, w0, w1, w2, cnt, y0, y1, y2, part, M, K, KR, S, GX, N0, N1, N2, GM_WG_X(), GM_WG_Y(), GM_TID()); \
+    gm_group<MT, 3>(x, GM_W16(0), GM_W16(1), GM_W16(2), cnt, y0, y1, y2, part, M, K, KR, S, GX, N0, N1, N2, GM_WG_X(), GM_WG_Y(), GM_TID()); \
   }
 #define GM_ENTRY_RES(MT)                                                                                       \
   extern "C" __global__ void GM_LAUNCH(MT)                                                                    \
       dflash_gemm_res_mt##MT(const GM_U16* __restrict__ x, const GM_U16* w0, const GM_U16* r, int* cnt, GM_U16* y0, \
                              float* part, int M, int K, int KR, int S, int GX, int N0) {                             \
-    gm_single<MT, GM_EPI_RESIDUAL>(x, w0, w0, r, cnt, y0, part, M, K, KR, S, GX, N0, GM_WG_X(), GM_WG_Y(), GM_TID()); \
+    gm_single<MT, GM_EPI_RESIDUAL>(x, GM_W16(0), GM_W16(0), r, cnt, y0, part, M, K, KR, S, GX, N0, GM_WG_X(), GM_WG_Y(), GM_TID()); \
   }
 #define GM_ENTRY_SWIGLU(MT)                                                                                    \
   extern "C" __global__ void GM_LAUNCH(MT)                                                                    \
       dflash_swiglu_mt##MT(const GM_U16* __restrict__ x, const GM_U16* w0, const GM_U16* w1, int* cnt, GM_U16* y, \
                            float* part, int M, int K, int KR, int S, int GX, int N) {                                \
-    gm_single<MT, GM_EPI_SWIGLU>(x, w0, w1, w1, cnt, y, part, M, K, KR, S, GX, N, GM_WG_X(), GM_WG_Y(), GM_TID()); \
+    gm_single<MT, GM_EPI_SWIGLU>(x, GM_W16(0), GM_W16(1), r_unused(), cnt, y, part, M, K, KR, S, GX, N, GM_WG_X(), GM_WG_Y(), GM_TID()); \
   }
+/* 4-bit: each weight is three bindings (q, s, o: gemm_body.h gm_w4); fmt and group come last. */
+#define GM_W4(i) gm_w4{q##i, s##i, o##i, fmt, group}
+#define GM_Q4ARGS(i) const unsigned* q##i, const GM_U16* s##i, const void* o##i
+#define GM_Q4ENTRY1(MT)                                                                                       \
+  extern "C" __global__ void GM_LAUNCH(MT) dflash_q4gemm_mt##MT(const GM_U16* __restrict__ x, GM_Q4ARGS(0),     \
+      int* cnt, GM_U16* y0, float* part, int M, int K, int KR, int S, int GX, int N0, int fmt, int group) {      \
+    gm_group<MT, 1>(x, GM_W4(0), GM_W4(0), GM_W4(0), cnt, y0, y0, y0, part, M, K, KR, S, GX, N0, 0, 0, GM_WG_X(), GM_WG_Y(), GM_TID()); \
+  }
+#define GM_Q4ENTRY2(MT)                                                                                       \
+  extern "C" __global__ void GM_LAUNCH(MT) dflash_q4gemm2_mt##MT(const GM_U16* __restrict__ x, GM_Q4ARGS(0),    \
+      GM_Q4ARGS(1), int* cnt, GM_U16* y0, GM_U16* y1, float* part, int M, int K, int KR, int S, int GX, int N0,   \
+      int N1, int fmt, int group) {                                                                              \
+    gm_group<MT, 2>(x, GM_W4(0), GM_W4(1), GM_W4(1), cnt, y0, y1, y1, part, M, K, KR, S, GX, N0, N1, 0, GM_WG_X(), GM_WG_Y(), GM_TID()); \
+  }
+#define GM_Q4ENTRY3(MT)                                                                                       \
+  extern "C" __global__ void GM_LAUNCH(MT) dflash_q4gemm3_mt##MT(const GM_U16* __restrict__ x, GM_Q4ARGS(0),    \
+      GM_Q4ARGS(1), GM_Q4ARGS(2), int* cnt, GM_U16* y0, GM_U16* y1, GM_U16* y2, float* part, int M, int K, int KR, \
+      int S, int GX, int N0, int N1, int N2, int fmt, int group) {                                               \
+    gm_group<MT, 3>(x, GM_W4(0), GM_W4(1), GM_W4(2), cnt, y0, y1, y2, part, M, K, KR, S, GX, N0, N1, N2, GM_WG_X(), GM_WG_Y(), GM_TID()); \
+  }
+#define GM_Q4ENTRY_RES(MT)                                                                                    \
+  extern "C" __global__ void GM_LAUNCH(MT) dflash_q4gemm_res_mt##MT(const GM_U16* __restrict__ x, GM_Q4ARGS(0), \
+      const GM_U16* r, int* cnt, GM_U16* y0, float* part, int M, int K, int KR, int S, int GX, int N0, int fmt,   \
+      int group) {                                                                                               \
+    gm_single<MT, GM_EPI_RESIDUAL>(x, GM_W4(0), GM_W4(0), r, cnt, y0, part, M, K, KR, S, GX, N0, GM_WG_X(), GM_WG_Y(), GM_TID()); \
+  }
+#define GM_Q4ENTRY_SWIGLU(MT)                                                                                 \
+  extern "C" __global__ void GM_LAUNCH(MT) dflash_q4swiglu_mt##MT(const GM_U16* __restrict__ x, GM_Q4ARGS(0),   \
+      GM_Q4ARGS(1), int* cnt, GM_U16* y, float* part, int M, int K, int KR, int S, int GX, int N, int fmt,       \
+      int group) {                                                                                               \
+    gm_single<MT, GM_EPI_SWIGLU>(x, GM_W4(0), GM_W4(1), r_unused(), cnt, y, part, M, K, KR, S, GX, N, GM_WG_X(), GM_WG_Y(), GM_TID()); \
+  }
+GM_FN const GM_U16* r_unused() { return 0; }
+/* Two objects from this file (kernels/build.py): gemm_{arch} with the bf16 entry points (GM_BITS 16) and
+ * gemm_q4_{arch} with the 4-bit ones (GM_BITS 4), so that a bf16 module embeds no 4-bit code. */
+#ifndef GM_BITS
+#define GM_BITS 16
+#endif
+#if GM_BITS == 4
+#define GM_ENTRIES(MT) GM_Q4ENTRY1(MT) GM_Q4ENTRY2(MT) GM_Q4ENTRY3(MT) GM_Q4ENTRY_RES(MT) GM_Q4ENTRY_SWIGLU(MT)
+#else
 #define GM_ENTRIES(MT) GM_ENTRY1(MT) GM_ENTRY2(MT) GM_ENTRY3(MT) GM_ENTRY_RES(MT) GM_ENTRY_SWIGLU(MT)
+#endif
 GM_ENTRIES(1)
 GM_ENTRIES(2)
 GM_ENTRIES(3)

@@ -25,6 +25,27 @@ def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
     return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
+def dequantize_q4(q: np.ndarray, s_bits: np.ndarray, o: np.ndarray | None, fmt: str, group: int, N: int,
+                  K: int) -> np.ndarray:
+    """bf16 bits [N, K] of a packed 4-bit weight (kernels/gemm `Q4`), by export/quantized.py's rule:
+    w = s * q + b ("mlx", o = the biases' bf16 bits [N, K / group]), s * (q - 8) ("sym", o None) or
+    s * (q - z) ("zp", o = int32 zero points [ceil(N / 8), K / group] packed along N), in float32
+    (one rounding: s * q is exact), then rounded to bf16. q: int32 [N, K / 8], value j of a word in
+    bits 4j..4j+3; s_bits: the scales' bf16 bits [N, K / group]."""
+    u = ((q.view(np.uint32)[..., None] >> (4 * np.arange(8, dtype=np.uint32))) & 15).reshape(N, K // group, group)
+    s = bf16_to_f32(s_bits)[..., None]
+    if fmt == "mlx":
+        w = s * u.astype(np.float32) + bf16_to_f32(o)[..., None]
+    else:
+        if fmt == "sym":
+            z = np.float32(8)
+        else:
+            z = ((o.view(np.uint32).T[..., None] >> (4 * np.arange(8, dtype=np.uint32))) & 15).reshape(K // group, -1).T[:N]
+            z = z.astype(np.float32)[..., None]
+        w = (u.astype(np.float32) - z) * s
+    return bf16_bits(w.astype(np.float32).reshape(N, K))
+
+
 def reference(x_bits: np.ndarray, w_bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(float64 y [M, N], float64 scale = |x| . |W|^T) from bf16 bit patterns x [M, K], w [N, K]."""
     x = bf16_to_f32(x_bits).astype(np.float64)
