@@ -82,7 +82,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     t_arrays = random_params(m4["parameters"]["target"], rng)
     q4_bytes = sum(a.nbytes for k, a in t_arrays.items() if not k.startswith("model.embed_tokens."))
-    kv_bytes = sum(g["bytes"] for g in m4["state"].values()) if isinstance(m4.get("state"), dict) else None
+    kv_bytes = sum(g["bytes"] for g in m4["state"]["globals"].values())  # the target's and the drafter's caches
     target, drafter = speed_8b._build(torch)  # bf16 target (the bf16 arm) and the drafter (both arms)
     embed = target.model.embed_tokens.weight
     bf16_bytes = speed_8b._bytes(target) - embed.numel() * embed.element_size()
@@ -95,7 +95,8 @@ def main() -> None:
     torch.cuda.empty_cache()
     device = rt.get_device("cuda")
     rows = -(-(speed_8b.PROMPT_LEN + speed_8b.STEPS + 3) // 32) * 32
-    rec["q4_memory"] = memory(Q4, idx4, device, q4_bytes, kv_bytes)
+    bound = sum(a.nbytes for a in t_arrays.values()) + speed_8b._bytes(drafter)  # all the module binds
+    rec["q4_memory"] = memory(Q4, idx4, device, bound, kv_bytes)
     print("q4 memory", json.dumps(rec["q4_memory"]), flush=True)
     arms = {"q4": [], "bf16": []}
     for i, (name, folder, idx) in enumerate([("q4", Q4, idx4), ("bf16", BF16, idx16), ("q4", Q4, idx4),
