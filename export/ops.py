@@ -28,9 +28,16 @@ The ops (shapes: S streams, T tokens, M = S * T rows; dtypes: one float dtype th
 - `dflash::head_norm_rope(x [S, T, H, hd], weight [hd], cos, sin [S, T, hd], eps, zero_centered, rotary_dim)`.
 - `dflash::topk_logprobs(logits [n, V] f32, temperature [] f32, k)`.
 
-The linear ops take a packed 4-bit form (`scales`, `zeros`: one tensor per weight, [] for plain
-weights; `group_size`: input columns per scale, 0 for plain weights); M = 1 runs through the same op as a
-verify block (which rows take a kernel is the lowering's rule, not the op's).
+The linear ops take a packed 4-bit form ("Packed 4-bit form" below; `scales` [] and `group_size` 0 for
+plain weights); M = 1 runs through the same op as a verify block (which rows take a kernel is the
+lowering's rule, not the op's).
+
+Packed 4-bit form (export/quantized.py's `QuantLinear`, as the checkpoint stores it; export/qwen3.py
+`_operands`): each weight is int32 [N_i, K / 8], eight 4-bit values a word along K; `scales` one
+tensor per weight, [N_i, K / group_size] in the stored dtype; `zeros` MLX's biases (one per weight,
+like the scales: w = scale * q + bias), compressed-tensors' zero points (int32 [ceil(N_i / 8),
+K / group_size], packed along N: w = scale * (q - z)), or [] (compressed-tensors symmetric:
+w = scale * (q - 8)). The lowering tells the three apart by the zeros' presence and dtype.
 """
 
 from __future__ import annotations
@@ -57,10 +64,11 @@ def linear(x: torch.Tensor, weights: list[torch.Tensor], refs: list[torch.Tensor
 
     Args:
         x: [..., K].
-        weights: [N_i, K] each, x's dtype; packed 4-bit (with `scales`): uint8 [N_i, K / 2].
+        weights: [N_i, K] each, x's dtype; packed 4-bit (with `scales`): int32 [N_i, K / 8] (module
+            docstring, "Packed 4-bit form").
         refs: [..., N_i] each: x . W_i^T as the model computes it (the reference form).
-        scales, zeros: [] for plain weights, or per weight [N_i, K / group_size] (packed 4-bit weights;
-            no kernel yet). group_size: input columns per scale; 0 for plain weights.
+        scales, zeros: [] for plain weights; packed 4-bit: the scales and biases or zero points of
+            the module docstring. group_size: input columns per scale; 0 for plain weights.
 
     Returns:
         [..., N_i] per weight, equal to `refs` (the eager body returns copies of them).
