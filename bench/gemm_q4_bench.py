@@ -193,7 +193,7 @@ def run(modules: Path, out_json: Path | None) -> dict:
     rec["arch"] = meta["arch"]
     config = rt.Config("cuda")
     rng = np.random.default_rng(0)
-    probe = {}
+    probe, row_bits = {}, {}  # per weight: the probe row of x, and its output's bits at each M
     weights = {}
     mods = {}  # both modules stay loaded: a weight's M = 1 and M = 16 cases run on the same tensors
     order = sorted(meta["cases"].items(), key=lambda kv: (kv[1]["fmt"], kv[1]["N"], kv[1]["K"], kv[1]["M"]))
@@ -226,7 +226,7 @@ def run(modules: Path, out_json: Path | None) -> dict:
         row = {"name": name, "N": N, "K": K, "M": M, "what": NAMES.get((N, K), ""), "fmt": fmt, "group": group,
                "splits": info["splits"], "R": R, "bytes_MB": wbytes / 1e6, "bits_equal": bool((y4 == y16).all()),
                "bits_differ": int((y4 != y16).sum())}
-        probe.setdefault(("row", key), []).append(y4[row_at].tobytes())
+        row_bits.setdefault(key, []).append(y4[row_at].tobytes())
         if info["timed"]:
             args = [dx] + [a for d in dargs for a in d]
             t = (_median_call(fn("q4_many"), args) - _median_call(fn("q4_once"), args)) / (R * (PASSES - 1))
@@ -245,8 +245,8 @@ def run(modules: Path, out_json: Path | None) -> dict:
         else:
             print(f"{name}: bits == bf16 kernel: {row['bits_equal']} ({row['bits_differ']} differ)", flush=True)
         rec["rows"].append(row)
-    for key, rows in [(k, v) for k, v in probe.items() if isinstance(k, tuple) and k[0] == "row"]:
-        rec["row_check"].append({"shape": list(key[1]), "placements": len(rows), "identical": len(set(rows)) == 1})
+    for key, rows in row_bits.items():
+        rec["row_check"].append({"shape": list(key), "placements": len(rows), "identical": len(set(rows)) == 1})
     if out_json:
         write_json(out_json, rec)
     return rec

@@ -28,7 +28,7 @@ import re
 
 from dflash_iree.errors import DFlashError
 
-from .mlir import (add_functions, builtin_type, emit_call, find_ops, list_operands, op_name,
+from .mlir import (add_functions, builtin_type, constant_int, emit_call, find_ops, list_operands, op_name,
                    replace_with_values, reshape_text)
 from .lowered import Lowered, has_kernel
 from .ops import LINEAR_OP, LINEAR_RESIDUAL_OP, LINEAR_SWIGLU_OP
@@ -92,8 +92,6 @@ def _quant(rest) -> tuple[object, list, list, str | None]:
     op's trailing operands (scales, zeros, group_size)."""
     from dflash_iree.kernels.gemm import Q4
 
-    from .mlir import constant_int
-
     scales, zeros = list_operands(rest[0]), list_operands(rest[1])
     if not scales:
         return None, [], [], None
@@ -107,7 +105,7 @@ def _gemm_function(M: int, Ns: tuple, K: int, arch: str, x_t: str, out_ts: list[
                    module, quant=None) -> tuple[str, object]:
     """Add the kernel for (M, Ns, K[, epilogue][, quant]) and a wrapper taking x_t and giving out_ts;
     returns (the wrapper's name, the GemmDispatch)."""
-    from dflash_iree.kernels.gemm import gemm_dispatch
+    from dflash_iree.kernels.gemm import gemm_dispatch, weight_types
 
     name = f"dflash_gemm_{M}x{'_'.join(map(str, Ns))}x{K}" + (f"_q4{quant.fmt}{quant.group}" if quant else "")
     if epilogue:
@@ -120,7 +118,7 @@ def _gemm_function(M: int, Ns: tuple, K: int, arch: str, x_t: str, out_ts: list[
     if x_t == flat and (epilogue or out_ts == [f"tensor<{M}x{n}xbf16>" for n in Ns]):
         add_functions(module, d.mlir)
         return name, d
-    w_ts = [t for n in Ns for t in ([f"tensor<{n}x{K}xbf16>"] if quant is None else quant.operand_types(n, K))]
+    w_ts = weight_types(Ns, K, quant)
     ins = [f"%w{i}: {t}" for i, t in enumerate(w_ts)] + ([f"%r: {out_ts[0]}"] if epilogue == "residual" else [])
     line, xv = reshape_text("%x", x_t, flat)
     body = line

@@ -12,9 +12,10 @@ and still importable from here.
 from ..hal import entry_attribute, executable_head, executable_source, executable_target, gpu_object, pipeline_layout
 from .dispatch import (ARCHS, CUDA_ARCHS, EPILOGUES, HIP_ARCHS, MAX_M, MAX_WEIGHTS, OBJECTS_DIR, Q4, Q4_FORMATS, Q4_GROUPS,
                        GemmDispatch, GemmPlan,
-                       gemm_dispatch, gemm_plan, object_file, standalone_module, why_unsupported)
+                       gemm_dispatch, gemm_plan, object_file, standalone_module, weight_types, why_unsupported)
 
 __all__ = ["ARCHS", "CUDA_ARCHS", "EPILOGUES", "HIP_ARCHS", "MAX_M", "MAX_WEIGHTS", "OBJECTS_DIR", "Q4", "Q4_FORMATS",
            "Q4_GROUPS", "GemmDispatch",
            "GemmPlan", "entry_attribute", "executable_head", "executable_source", "executable_target", "gemm_dispatch",
-           "gemm_plan", "gpu_object", "object_file", "pipeline_layout", "standalone_module", "why_unsupported"]
+           "gemm_plan", "gpu_object", "object_file", "pipeline_layout", "standalone_module", "weight_types",
+           "why_unsupported"]

@@ -66,6 +66,18 @@ class Q4:
             ts.append(f"tensor<{-(-N // 8)}x{g}xi32>")
         return ts
 
+    def bindings(self, N: int, K: int) -> list[str]:
+        """`operand_types` as the kernel binds them: always three a weight (q, s, o); "sym" has no o
+        and binds s again."""
+        ts = self.operand_types(N, K)
+        return ts + ts[1:2] * (3 - len(ts))
+
+
+def weight_types(Ns, K: int, quant: Q4 | None) -> list[str]:
+    """The MLIR types of the weight operands of weights of Ns rows and K columns: one bf16 [N, K] each,
+    or QUANT's packed operands (`Q4.operand_types`) each."""
+    return [t for n in Ns for t in ([f"tensor<{n}x{K}xbf16>"] if quant is None else quant.operand_types(n, K))]
+
 # Per backend, as compiled into the objects (gemm_gpu.cu): threads per workgroup, columns per
 # workgroup (GM_WARPS * GM_CW * GM_TN) and k-values per chunk (GM_KC): a split's k range is a
 # whole number of chunks (the kernel loads GM_U chunks at a time, then the rest one by one).
@@ -301,16 +313,11 @@ def gemm_dispatch(M: int, N, K: int, arch: str, *, name: str = "dflash_gemm",
     G, mt = len(Ns), math.ceil(M / 16)  # 16-row m-tiles: with G, the entry point of the object
     S, KR, cb = plan.splits, plan.kr, plan.col_blocks
     x_t, c_t = f"tensor<{M}x{K}xbf16>", f"tensor<{cb}xi32>"
+    w_t = weight_types(Ns, K, quant)
     if quant is None:
-        w_t = [f"tensor<{n}x{K}xbf16>" for n in Ns]
-        w = ["%w"] if G == 1 else [f"%w{g}" for g in range(G)]
-        pre, w_ops, w_ops_t = "", w, w_t
-    else:  # the kernel takes three bindings a weight (q, s, o); "sym" has no o and passes s again
-        w_t = [t for n in Ns for t in quant.operand_types(n, K)]
-        w = [f"%{r}{g}" for g in range(G) for r in "qso"[:len(quant.operand_types(Ns[g], K))]]
-        pre = "q4"
-        w_ops = [f"%{r}{g}" for g in range(G) for r in ("q", "s", "o" if quant.fmt != "sym" else "s")]
-        w_ops_t = [t for n in Ns for t in (lambda ts: ts + ts[1:2] * (3 - len(ts)))(quant.operand_types(n, K))]
+        w, pre = ["%w"] if G == 1 else [f"%w{g}" for g in range(G)], ""
+    else:  # each weight's operands; the kernel binds three a weight (`Q4.bindings`)
+        w, pre = [f"%{r}{g}" for g in range(G) for r in "qso"[:len(quant.operand_types(Ns[g], K))]], "q4"
     # Split partials (scratch): each weight's [S, M, N_g] after the previous weight's; only the size counts.
     p_t = f"tensor<{S}x{M}x{plan.N}xf32>" if S > 1 else "tensor<1xf32>"
     if epilogue is None:
@@ -326,16 +333,18 @@ def gemm_dispatch(M: int, N, K: int, arch: str, *, name: str = "dflash_gemm",
         y_t = [o_t]
         if epilogue == "residual":
             entry, ins, in_t = f"dflash_{pre}gemm_res_mt{mt}", w + ["%res"], w_t + [o_t]
-            w_ops, w_ops_t = w_ops + ["%res"], w_ops_t + [o_t]
         else:
             entry, ins, in_t = f"dflash_{pre}swiglu_mt{mt}", w, w_t
     # one N per weight; an epilogue's kernel takes one (the columns of each of its weights)
     const_ns = Ns if epilogue is None else Ns[:1]
     consts = [("M", M), ("K", K), ("KR", KR), ("S", S), ("GX", plan.grid_x)] + [(f"N{g}", n) for g, n in enumerate(const_ns)]
+    w_ops, w_ops_t = ins, in_t  # what the dispatch binds
     if quant is not None:
         consts += [("F", Q4_FORMATS[quant.fmt]), ("G", quant.group)]
-    if quant is None:
-        w_ops, w_ops_t = ins, in_t
+        w_ops = [f"%{r}{g}" for g in range(G) for r in ("q", "s", "o" if quant.fmt != "sym" else "s")]
+        w_ops_t = [t for n in Ns for t in quant.bindings(n, K)]
+        if epilogue == "residual":
+            w_ops, w_ops_t = w_ops + ["%res"], w_ops_t + in_t[-1:]
     layout = pipeline_layout(len(consts), 1 + len(w_ops), len(w_ops) + len(y_t) + 3)
     text = executable_source(f"{name}_mm", entry, arch, obj.name, layout, plan.threads, 2)
     # The split-K arrival counters: zero, and left zero by every call (the last workgroup of a column
@@ -361,8 +370,7 @@ def standalone_module(d: GemmDispatch) -> str:
     """A whole module around D with a public `gemm(x, w0, ..[, r]) -> (y0, ..)` (D's function's
     arguments and results, out_shape left at its default)."""
     x_t = f"tensor<{d.M}x{d.K}xbf16>"
-    in_t = [t for n in d.Ns for t in
-            ([f"tensor<{n}x{d.K}xbf16>"] if d.quant is None else d.quant.operand_types(n, d.K))]
+    in_t = weight_types(d.Ns, d.K, d.quant)
     y_t = [f"tensor<{d.M}x{n}xbf16>" for n in d.Ns]
     if d.epilogue is not None:
         y_t = y_t[:1]
