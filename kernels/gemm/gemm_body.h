@@ -109,46 +109,90 @@ GM_FN unsigned short gm_swiglu(unsigned short g, unsigned short u) {
  * instructions, so that a round holds only the raw forms in registers).
  * gm_w16: bf16 [N, K] as stored; raw is the fragment itself. */
 struct gm_w16 {
-  typedef gm_wfrag raw;
+  template <int F>
+  using raw = gm_wfrag;
+  static constexpr int fetch_chunks = 1;
   const unsigned short* w;
 };
+template <int F>
 GM_FN void gm_fetch(gm_wfrag* r, const gm_w16& ws, int col, int k, int K, int ok) { gm_load_w(r, ws.w, col, k, K, ok); }
-GM_FN void gm_expand(gm_wfrag* f, const gm_wfrag& r, const gm_w16&) { *f = r; }
+GM_FN void gm_expand(gm_wfrag* f, const gm_wfrag& r, int, const gm_w16&) { *f = r; }
 
 /* gm_w4: a packed 4-bit weight (header): q, s, and o = b (GM_Q_MLX, bf16) or z (GM_Q_ZP, int32), unused
- * for GM_Q_SYM; fmt and group are uniform push constants. raw: a lane's words of the chunk, its
- * group's scale and offset o (w = fma(s, q, o): o = b, or -z * s, exact). */
+ * for GM_Q_SYM; fmt and group (gshift = log2 group) are uniform push constants. */
 #define GM_Q_MLX 0
 #define GM_Q_SYM 1
 #define GM_Q_ZP 2
+/* A lane's 4-bit fragment may span GM_WLANE_C columns (1, or 2 where W is the matrix instruction's A
+ * operand: columns col + GM_WLANE_N(l) + c * GM_WLANE_CSTEP), each with GM_WLANE_V / GM_WLANE_C of the
+ * chunk's k-values; GM_WQ words of each column a chunk. */
+#ifndef GM_WLANE_C
+#define GM_WLANE_C 1
+#define GM_WLANE_CSTEP 0
+#endif
+#define GM_WQ (GM_WLANE_V / (8 * GM_WLANE_C))
+/* A 4-bit fetch covers F consecutive chunks (F = 1, or GM_QSC: a "super-chunk" of F * GM_KC k-values):
+ * lane l loads F * GM_WQ consecutive words of each of its columns in one load, the k-values
+ * kb + gm_qlane_k<F>(l) .. + F * 8 * GM_WQ - 1, and chunk h (0..F-1) of the fetch takes words
+ * h * GM_WQ .. of them, its k-values kb + gm_qlane_k<F>(l) + h * 8 * GM_WQ ... (the x fragment is
+ * loaded at the same k, gm_load_x_at). With F = 1 that is the bf16 kernel's fragment (GM_WLANE_K);
+ * with F = GM_QSC > 1 the chunks of a super-chunk hold its k-values in another fixed permutation (on
+ * CUDA chunk h lane t holds kb + 32t + 8h .. + 7): still fixed by (N, K, the split) alone. A lane's
+ * k-values of a fetch lie in one group, so a fetch loads one scale and one offset a column.
+ * GM_QPAIRS 1: the backend dequantizes two values at a time (gm_q4_pairs: bf16x2 arithmetic, w =
+ * bf16(s * (q - z) + b) rounded once, from s2 = (s, s), o2 = (b, b) or +0, c2 = -(128 + z) twice);
+ * otherwise w = bf16(fma(s, q, o)) in f32 with o = b or -z * s. Both round once what export/quantized.py
+ * `dequantize` rounds twice (f32, then bf16), with the same result wherever s * q + b is exact in f32:
+ * always for sym and zp (s * (q - z) has at most 12 significant bits), and for mlx where b is within
+ * 2^-11 s .. 2^15 s of s (mlx-lm's b, the group's edge, is 0 or q0 * s with 1 <= |q0| <= 15). */
+#ifndef GM_QPAIRS
+#define GM_QPAIRS 0
+#endif
+template <int F>
+GM_FN int gm_qlane_k(int lane) { return F == 1 ? GM_WLANE_K(lane) : GM_QLANE_K(lane); }
+template <int F>
 struct gm_q4raw {
-  unsigned words[GM_WLANE_V / 8];
-  float s, o;
+  unsigned words[GM_WLANE_C][F * GM_WQ];
+#if GM_QPAIRS
+  unsigned s2[GM_WLANE_C], o2[GM_WLANE_C], c2[GM_WLANE_C];
+#else
+  float s[GM_WLANE_C], o[GM_WLANE_C];
+#endif
 };
 struct gm_w4 {
-  typedef gm_q4raw raw;
+  template <int F>
+  using raw = gm_q4raw<F>;
+  static constexpr int fetch_chunks = GM_QSC;
   const unsigned* q;
   const unsigned short* s;
   const void* o;
-  int fmt, group;
+  int fmt, group, gshift;
 };
 
-GM_FN void gm_fetch(gm_q4raw* r, const gm_w4& ws, int col, int k, int K, int ok) {
+template <int F>
+GM_FN void gm_fetch(gm_q4raw<F>* r, const gm_w4& ws, int col, int k, int K, int ok) {
   const int lane = GM_TID() % GM_LANES;
-  const int n = col + GM_WLANE_N(lane), k0 = k + GM_WLANE_K(lane);
-  const int groups = K / ws.group, g = k0 / ws.group;
-  gm_load_q(r->words, ws.q + (long)n * (K / 8) + k0 / 8, ok);
-  r->s = r->o = 0.0f;
-  if (ok) {
-    const long gi = (long)n * groups + g;
-    r->s = gm_f32(ws.s[gi]);
-    if (ws.fmt == GM_Q_MLX)
-      r->o = gm_f32(((const unsigned short*)ws.o)[gi]);
-    else {
-      const unsigned z =
-          ws.fmt == GM_Q_ZP ? (((const unsigned*)ws.o)[(long)(n / 8) * groups + g] >> (4 * (n % 8))) & 15u : 8u;
-      r->o = -(float)z * r->s;
+  const int k0 = k + gm_qlane_k<F>(lane), groups = K >> ws.gshift, g = k0 >> ws.gshift;
+#pragma unroll
+  for (int c = 0; c < GM_WLANE_C; ++c) {
+    const int n = col + GM_WLANE_N(lane) + c * GM_WLANE_CSTEP;
+    gm_load_q(r->words[c], ws.q + (long)n * (K / 8) + k0 / 8, ok);
+    float s = 0.0f, b = 0.0f, z = 0.0f;
+    if (ok) {
+      const long gi = (long)n * groups + g;
+      s = gm_f32(ws.s[gi]);
+      if (ws.fmt == GM_Q_MLX)
+        b = gm_f32(((const unsigned short*)ws.o)[gi]);
+      else
+        z = (float)(ws.fmt == GM_Q_ZP ? (((const unsigned*)ws.o)[(long)(n / 8) * groups + g] >> (4 * (n % 8))) & 15u
+                                      : 8u);
     }
+#if GM_QPAIRS
+    r->s2[c] = gm_pack_bf16x2(s, s), r->o2[c] = gm_pack_bf16x2(b, b);
+    r->c2[c] = gm_pack_bf16x2(-128.0f - z, -128.0f - z);
+#else
+    r->s[c] = s, r->o[c] = ws.fmt == GM_Q_MLX ? b : -z * s;
+#endif
   }
 }
 
@@ -160,48 +204,64 @@ GM_FN float gm_nibble(unsigned word, int j) {
   return v.f - 8388608.0f;
 }
 
-/* A lane's fragment from its words, scale and offset: w = bf16(fma(s, q, o)) value by value. */
-GM_FN void gm_dequant(gm_wfrag* f, const unsigned (&words)[GM_WLANE_V / 8], float s, float o) {
+/* Chunk h's fragment from a lane's words, scales and offsets: pairs[4 * (c * GM_WQ + wi) + i] is word wi
+ * of column c's values 2i and 2i + 1 (gm_wfrag_set places them). */
+template <int F>
+GM_FN void gm_expand(gm_wfrag* f, const gm_q4raw<F>& r, int h, const gm_w4&) {
   unsigned pairs[GM_WLANE_V / 2];
 #pragma unroll
-  for (int i = 0; i < GM_WLANE_V / 2; ++i) {
-    const unsigned word = words[i / 4];
-    pairs[i] = gm_pack_bf16x2(__builtin_fmaf(s, gm_nibble(word, (2 * i) % 8), o),
-                              __builtin_fmaf(s, gm_nibble(word, (2 * i + 1) % 8), o));
-  }
+  for (int c = 0; c < GM_WLANE_C; ++c)
+#pragma unroll
+    for (int wi = 0; wi < GM_WQ; ++wi) {
+      const unsigned word = r.words[c][h * GM_WQ + wi];
+      unsigned* pr = pairs + 4 * (c * GM_WQ + wi);
+#if GM_QPAIRS
+      gm_q4_pairs(pr, word, r.s2[c], r.o2[c], r.c2[c]);
+#else
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        pr[i] = gm_pack_bf16x2(__builtin_fmaf(r.s[c], gm_nibble(word, 2 * i), r.o[c]),
+                               __builtin_fmaf(r.s[c], gm_nibble(word, 2 * i + 1), r.o[c]));
+#endif
+    }
   gm_wfrag_set(f, pairs);
 }
 
-GM_FN void gm_expand(gm_wfrag* f, const gm_q4raw& r, const gm_w4&) { gm_dequant(f, r.words, r.s, r.o); }
-
-
-
-/* U consecutive chunks from kk of one warp's GM_CW column tiles into acc: all U chunks' W loads are
- * issued first (U chunks in flight), then consumed in increasing k order, a chunk at a time. */
-template <int GM_MT, int U, class WS>
+/* U consecutive fetches of F chunks each from kk of one warp's GM_CW column tiles into acc: all U
+ * fetches' W loads are issued first (U * F chunks in flight), then the chunks are consumed fetch by
+ * fetch, chunk by chunk (increasing k for F = 1; the super-chunk's fixed permutation for F > 1). */
+template <int GM_MT, int U, int F, class WS>
 GM_FN void gm_round(gm_acc (&acc)[GM_MT][GM_CW], const unsigned short* __restrict__ x, const WS& w, int col_w,
                     const int (&ok)[GM_CW], int kk, int M, int K) {
-  typename WS::raw wr[GM_CW][U];
+  typename WS::template raw<F> wr[GM_CW][U];
+  const int lane = GM_TID() % GM_LANES; /* F > 1 only */
+  (void)lane;
 #pragma unroll
   for (int j = 0; j < U; ++j)
 #pragma unroll
-    for (int c = 0; c < GM_CW; ++c) gm_fetch(&wr[c][j], w, col_w + c * GM_TN, kk + j * GM_KC, K, ok[c]);
+    for (int c = 0; c < GM_CW; ++c) gm_fetch<F>(&wr[c][j], w, col_w + c * GM_TN, kk + j * F * GM_KC, K, ok[c]);
 #pragma unroll
-  for (int j = 0; j < U; ++j) {
-    gm_wfrag wf[GM_CW];
+  for (int j = 0; j < U; ++j)
 #pragma unroll
-    for (int c = 0; c < GM_CW; ++c) gm_expand(&wf[c], wr[c][j], w);
+    for (int h = 0; h < F; ++h) {
+      gm_wfrag wf[GM_CW];
 #pragma unroll
-    for (int mt = 0; mt < GM_MT; ++mt) {
-      gm_xfrag xf;
-      gm_load_x(&xf, x, mt * 16, kk + j * GM_KC, M, K);
+      for (int c = 0; c < GM_CW; ++c) gm_expand(&wf[c], wr[c][j], h, w);
 #pragma unroll
-      for (int c = 0; c < GM_CW; ++c) gm_mma(&acc[mt][c], &xf, &wf[c]);
+      for (int mt = 0; mt < GM_MT; ++mt) {
+        gm_xfrag xf;
+        if (F == 1)
+          gm_load_x(&xf, x, mt * 16, kk + j * GM_KC, M, K);
+        else
+          gm_load_x_at(&xf, x, mt * 16, kk + j * F * GM_KC + gm_qlane_k<F>(lane) + h * 8 * GM_WQ, M, K);
+#pragma unroll
+        for (int c = 0; c < GM_CW; ++c) gm_mma(&acc[mt][c], &xf, &wf[c]);
+      }
     }
-  }
 }
 
-/* Chunks a round: GM_U for bf16 weights, GM_UQ(MT) for packed ones (their expansion needs registers). */
+/* Fetches a round: GM_U for bf16 weights (a chunk each), GM_UQ(MT) for packed ones (GM_QSC chunks
+ * each; their expansion needs registers). */
 template <class WS, int MT>
 struct gm_u {
   static constexpr int value = GM_U;
@@ -237,14 +297,17 @@ GM_FN void gm_workgroup(const unsigned short* __restrict__ x, WS w, unsigned sho
   }
   const int k_end = k0 + KR;
   int kk = k0;
-  constexpr int U = gm_u<WS, GM_MT>::value;
-  for (; kk + GM_KC * U <= k_end; kk += GM_KC * U) /* whole rounds: U chunks in flight */
-    gm_round<GM_MT, U>(acc, x, w, col_w, ok, kk, M, K);
+  constexpr int U = gm_u<WS, GM_MT>::value, F = WS::fetch_chunks;
+  for (; kk + GM_KC * F * U <= k_end; kk += GM_KC * F * U) /* whole rounds: U fetches in flight */
+    gm_round<GM_MT, U, F>(acc, x, w, col_w, ok, kk, M, K);
   if (U > 4) /* then a round of half as many: a short split (small K) keeps loads in flight */
-    for (; kk + GM_KC * (U / 2) <= k_end; kk += GM_KC * (U / 2))
-      gm_round<GM_MT, (U > 4 ? U / 2 : 1)>(acc, x, w, col_w, ok, kk, M, K);
+    for (; kk + GM_KC * F * (U / 2) <= k_end; kk += GM_KC * F * (U / 2))
+      gm_round<GM_MT, (U > 4 ? U / 2 : 1), F>(acc, x, w, col_w, ok, kk, M, K);
+  if (F > 1) /* whole fetches, one at a time */
+    for (; kk + GM_KC * F <= k_end; kk += GM_KC * F)
+      gm_round<GM_MT, 1, F>(acc, x, w, col_w, ok, kk, M, K);
   for (; kk < k_end; kk += GM_KC) /* the rest, a chunk at a time */
-    gm_round<GM_MT, 1>(acc, x, w, col_w, ok, kk, M, K);
+    gm_round<GM_MT, 1, 1>(acc, x, w, col_w, ok, kk, M, K);
   /* GM_EPI_SWIGLU, one split: up's rounded sums go to the gate warps, which hold the same outputs
    * (the slot depends on the lane only) and write y. */
   const int lane = tid % GM_LANES;
