@@ -9,8 +9,9 @@ y[M, N] = x[M, K] . W[N, K]^T with W packed 4-bit as a checkpoint stores it (ker
 affine group 64 for the timings; compressed-tensors symmetric and zero-point, group 128, for the
 bits). Per shape and M:
 - bits: the 4-bit kernel's y equals, bit for bit, the bf16 kernel's y on the weight dequantized by
-  the NumPy reference (kernels/gemm/reference.py `dequantize_q4`, export/quantized.py's rule): the
-  same chunks, order and instructions (gemm_body.h), so any difference is a dequantization bug;
+  the NumPy reference (kernels/gemm/reference.py `dequantize_q4`, export/quantized.py's rule), with x
+  and W's columns in the 4-bit kernel's k order (`q4_k_order`): the same chunks and instructions
+  (gemm_body.h), so any difference is a dequantization bug;
 - rows: one row of x placed at row 0 (M = 1) and row 5 (M = 16) gives the same bits;
 - time per matmul as bench/gemm_bench.py measures it (R distinct weights of >= 384 MB together, one
   module call of PASSES passes less one of one pass), and its fraction of the copy bandwidth
@@ -183,7 +184,8 @@ def run(modules: Path, out_json: Path | None) -> dict:
     import numpy as np
     import torch
 
-    from dflash_iree.kernels.gemm.reference import bf16_bits, dequantize_q4
+    from dflash_iree.kernels.gemm.dispatch import q4_fetch_chunks
+    from dflash_iree.kernels.gemm.reference import bf16_bits, dequantize_q4, q4_k_order
     from gemm_bench import from_iree
 
     rec = {"copy": copy_bandwidth(), "rows": [], "row_check": []}
@@ -220,8 +222,10 @@ def run(modules: Path, out_json: Path | None) -> dict:
         dx = rt.asdevicearray(config.device, x_bits.view(ml_dtypes.bfloat16))
         res = fn("q4_once")(dx, *[a for d in dargs for a in d])
         y4 = np.asarray((res[0] if isinstance(res, (list, tuple)) else res).to_host()).view(np.uint16)
-        dw = rt.asdevicearray(config.device, w_bits.view(ml_dtypes.bfloat16))
-        y16 = np.asarray(_last(fn("bf16_once")(dx, dw)).to_host()).view(np.uint16)
+        k_order = q4_k_order(K, info["splits"], q4_fetch_chunks(meta["arch"]))
+        dxp = rt.asdevicearray(config.device, np.ascontiguousarray(x_bits[:, k_order]).view(ml_dtypes.bfloat16))
+        dw = rt.asdevicearray(config.device, np.ascontiguousarray(w_bits[:, k_order]).view(ml_dtypes.bfloat16))
+        y16 = np.asarray(_last(fn("bf16_once")(dxp, dw)).to_host()).view(np.uint16)
         wbytes = sum(a.nbytes for a in packs[0] if a is not None)
         row = {"name": name, "N": N, "K": K, "M": M, "what": NAMES.get((N, K), ""), "fmt": fmt, "group": group,
                "splits": info["splits"], "R": R, "bytes_MB": wbytes / 1e6, "bits_equal": bool((y4 == y16).all()),

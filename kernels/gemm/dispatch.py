@@ -91,8 +91,9 @@ def weight_types(Ns, K: int, quant: Q4 | None) -> list[str]:
 # 69.0 us in 768 workgroups and 63.0 us in 384 that take two blocks each. With k splits, halving the
 # splits is the better way to fewer workgroups (4096x4096: 2 splits 18.3 us against 4 splits taking
 # 2 blocks each 24.5), so the loop is only planned for one split (experiments/2026-11-30-grouped-gemm/).
-_CUDA = {"threads": 128, "bn": 32, "chunk": 32, "per_unit": 2.9, "block_loop": True, "resident": 4}
-_HIP = {"threads": 128, "bn": 128, "chunk": 16, "per_unit": 2, "block_loop": False}
+# q4_fetch: the 4-bit entry points' chunks a fetch (gemm_gpu.cu GM_QSC; reference.py `q4_k_order`).
+_CUDA = {"threads": 128, "bn": 32, "chunk": 32, "per_unit": 2.9, "block_loop": True, "resident": 4, "q4_fetch": 4}
+_HIP = {"threads": 128, "bn": 128, "chunk": 16, "per_unit": 2, "block_loop": False, "q4_fetch": 1}
 _MAX_PASSES = 4
 _MIN_CHUNKS = 8
 # Multiprocessors (sm_80 is what H100/H200 run here: 132 SMs; sm_86 84; sm_89 128; gfx1100 96 CUs,
@@ -189,6 +190,12 @@ def chunk_k(arch: str) -> int:
     """k-values per chunk on ARCH (GM_KC of its objects): a k split is a whole number of chunks.
     Raises DFlashError for an arch without the kernel."""
     return _backend(arch)["chunk"]
+
+
+def q4_fetch_chunks(arch: str) -> int:
+    """Chunks a fetch of the 4-bit entry points on ARCH (gemm_body.h GM_QSC: 4 on CUDA, 1 on gfx): what
+    reference.py `q4_k_order` needs. Raises DFlashError for an arch without the kernel."""
+    return _backend(arch)["q4_fetch"]
 
 
 def object_file(arch: str, quant: "Q4 | None" = None) -> Path:

@@ -33,17 +33,22 @@
  * group of `group` k-values of a row ([N, K / group]) and, by format, MLX's bf16 bias b
  * (w = s*q + b), compressed-tensors' symmetric offset 8 (w = s*(q - 8)) or its zero points z, int32
  * [ceil(N / 8), K / group] packed along n (w = s*(q - z)). Each lane dequantizes its own fragment in
- * registers, as fma(s, q, o) in f32 with o = b or -z*s: s*q and z*s are exact in f32 (8 + 4
- * significant bits), so this is the one f32 rounding of export/quantized.py's `dequantize`, and the
- * value is then rounded to bf16 as there; no dequantized weight is written anywhere. The chunks, their
- * k order and the matrix instructions are the bf16 kernel's, so the numerics contract holds as
- * stated, with W the dequantized bf16 weight. A chunk (32 or 16 k-values, from a multiple of its
- * size) lies in one group (group in 32, 64, 128).
+ * registers (gm_expand) and rounds each value to bf16 once, as export/quantized.py's `dequantize` does
+ * (see GM_QPAIRS below for where the two agree); no dequantized weight is written anywhere. A fetch
+ * of GM_QSC chunks (a super-chunk; CUDA 4: 16 bytes of W a lane in one load, one scale and offset a
+ * lane) gives its chunks the super-chunk's k-values under a fixed permutation (gm_round), so the k
+ * order of each output's sum is still fixed by (N, K, the split) alone and the numerics contract
+ * holds, with W the dequantized bf16 weight: y equals the bf16 kernel's on x and W with their columns
+ * permuted that way (kernels/gemm/reference.py `q4_k_order`; bench/gemm_q4_bench.py checks it bit for
+ * bit). A fetch's k-values of a lane lie in one group (group in 32, 64, 128).
  *
  * Each backend layer (gemm_gpu.cu) includes gpu.h (kg_bf16) and defines before including this file:
  *   GM_FN, GM_TID(), GM_WG_X(), GM_WG_Y()  qualifiers, thread id, workgroup ids
  *   GM_WARPS, GM_CW, GM_U         warps per workgroup, column tiles per warp, chunks per round
- *   GM_UQ(MT)                     chunks per round of the 4-bit entry points of MT m-tiles
+ *   GM_UQ(MT)                     fetches per round of the 4-bit entry points of MT m-tiles
+ *   GM_QSC, GM_QLANE_K(l)         4-bit chunks a fetch, and a lane's k offset in a fetch of GM_QSC > 1
+ *                                 chunks (chunk h's k-values: k + GM_QLANE_K(l) + 8 * GM_WQ * h ..)
+ *   GM_QPAIRS, gm_q4_pairs(p, word, s2, o2, c2)  1: a word's 4 bf16 pairs, dequantized in bf16x2
  *   GM_BLOCK_LOOP                 1: a workgroup may take several column blocks in turn (GX < blocks)
  *   GM_TN, GM_KC                  columns per tile, k-values per chunk
  *   gm_wfrag, gm_xfrag, gm_acc    a lane's W fragment of one chunk, x fragment of one chunk and
@@ -51,10 +56,11 @@
  *   gm_load_w(f, w, col, k, ok)   W fragment of tile column base `col` at chunk start k (zeros if !ok)
  *   GM_WLANE_N(l), GM_WLANE_K(l), GM_WLANE_V  a lane's W fragment: column col + N(l), k-values
  *                                 k + K(l) .. + V - 1 in order (4-bit: V / 8 words)
- *   gm_load_q(words, p, ok)       V / 8 consecutive int32 words at p (zeros if !ok), streamed
+ *   gm_load_q<W>(words, p, ok)    W consecutive int32 words at p (zeros if !ok), streamed
  *   gm_wfrag_set(f, pairs)        a W fragment from its V bf16 values, two a word (low half first)
  *   gm_pack_bf16x2(lo, hi)        two f32 -> bf16 bits (nearest even) in one word, lo in the low half
  *   gm_load_x(f, x, row0, k, M, K) x fragment of m-tile rows row0.. at chunk start k (rows >= M are 0)
+ *   gm_load_x_at(f, x, row0, kl, M, K) the same at the lane's own first k-value kl
  *   gm_mma(acc, xf, wf)           acc += the chunk's products
  *   gm_acc_zero(acc)
  *   gm_acc_get(acc, i, &row, &col) element i of GM_ACC_N of a lane's accumulator and its
@@ -123,28 +129,22 @@ GM_FN void gm_expand(gm_wfrag* f, const gm_wfrag& r, int, const gm_w16&) { *f = 
 #define GM_Q_MLX 0
 #define GM_Q_SYM 1
 #define GM_Q_ZP 2
-/* A lane's 4-bit fragment may span GM_WLANE_C columns (1, or 2 where W is the matrix instruction's A
- * operand: columns col + GM_WLANE_N(l) + c * GM_WLANE_CSTEP), each with GM_WLANE_V / GM_WLANE_C of the
- * chunk's k-values; GM_WQ words of each column a chunk. */
-#ifndef GM_WLANE_C
-#define GM_WLANE_C 1
-#define GM_WLANE_CSTEP 0
-#endif
-#define GM_WQ (GM_WLANE_V / (8 * GM_WLANE_C))
+#define GM_WQ (GM_WLANE_V / 8) /* words of a lane a chunk */
 /* A 4-bit fetch covers F consecutive chunks (F = 1, or GM_QSC: a "super-chunk" of F * GM_KC k-values):
- * lane l loads F * GM_WQ consecutive words of each of its columns in one load, the k-values
+ * lane l loads F * GM_WQ consecutive words of its column in one load, the k-values
  * kb + gm_qlane_k<F>(l) .. + F * 8 * GM_WQ - 1, and chunk h (0..F-1) of the fetch takes words
  * h * GM_WQ .. of them, its k-values kb + gm_qlane_k<F>(l) + h * 8 * GM_WQ ... (the x fragment is
  * loaded at the same k, gm_load_x_at). With F = 1 that is the bf16 kernel's fragment (GM_WLANE_K);
  * with F = GM_QSC > 1 the chunks of a super-chunk hold its k-values in another fixed permutation (on
  * CUDA chunk h lane t holds kb + 32t + 8h .. + 7): still fixed by (N, K, the split) alone. A lane's
- * k-values of a fetch lie in one group, so a fetch loads one scale and one offset a column.
- * GM_QPAIRS 1: the backend dequantizes two values at a time (gm_q4_pairs: bf16x2 arithmetic, w =
- * bf16(s * (q - z) + b) rounded once, from s2 = (s, s), o2 = (b, b) or +0, c2 = -(128 + z) twice);
- * otherwise w = bf16(fma(s, q, o)) in f32 with o = b or -z * s. Both round once what export/quantized.py
- * `dequantize` rounds twice (f32, then bf16), with the same result wherever s * q + b is exact in f32:
- * always for sym and zp (s * (q - z) has at most 12 significant bits), and for mlx where b is within
- * 2^-11 s .. 2^15 s of s (mlx-lm's b, the group's edge, is 0 or q0 * s with 1 <= |q0| <= 15). */
+ * k-values of a fetch lie in one group, so a fetch loads one scale and one offset.
+ * GM_QPAIRS 0: w = bf16(fma(s, q, o)) in f32, o = b or -z * s (exact), which is export/quantized.py
+ * `dequantize` itself: an f32 rounding, then a bf16 one. GM_QPAIRS 1: the backend dequantizes two
+ * values at a time (gm_q4_pairs, bf16x2 arithmetic: w = bf16(s * (q - z) + b) rounded once, from
+ * s2 = (s, s), o2 = (b, b) or +0, c2 = -(128 + z) twice); that is the same value wherever s * q + b is
+ * exact in f32, so that its f32 rounding is none: always for sym and zp (s * (q - z) has at most 12
+ * significant bits), and for mlx when b = 0 or 2^-11 <= |b / s| < 2^15 by exponents, which mlx-lm's
+ * biases are (b, the group's edge, is 0 or q0 * s with 1 <= |q0| <= 15). */
 #ifndef GM_QPAIRS
 #define GM_QPAIRS 0
 #endif
@@ -152,11 +152,11 @@ template <int F>
 GM_FN int gm_qlane_k(int lane) { return F == 1 ? GM_WLANE_K(lane) : GM_QLANE_K(lane); }
 template <int F>
 struct gm_q4raw {
-  unsigned words[GM_WLANE_C][F * GM_WQ];
+  unsigned words[F * GM_WQ];
 #if GM_QPAIRS
-  unsigned s2[GM_WLANE_C], o2[GM_WLANE_C], c2[GM_WLANE_C];
+  unsigned s2, o2, c2;
 #else
-  float s[GM_WLANE_C], o[GM_WLANE_C];
+  float s, o;
 #endif
 };
 struct gm_w4 {
@@ -172,28 +172,24 @@ struct gm_w4 {
 template <int F>
 GM_FN void gm_fetch(gm_q4raw<F>* r, const gm_w4& ws, int col, int k, int K, int ok) {
   const int lane = GM_TID() % GM_LANES;
-  const int k0 = k + gm_qlane_k<F>(lane), groups = K >> ws.gshift, g = k0 >> ws.gshift;
-#pragma unroll
-  for (int c = 0; c < GM_WLANE_C; ++c) {
-    const int n = col + GM_WLANE_N(lane) + c * GM_WLANE_CSTEP;
-    gm_load_q(r->words[c], ws.q + (long)n * (K / 8) + k0 / 8, ok);
-    float s = 0.0f, b = 0.0f, z = 0.0f;
-    if (ok) {
-      const long gi = (long)n * groups + g;
-      s = gm_f32(ws.s[gi]);
-      if (ws.fmt == GM_Q_MLX)
-        b = gm_f32(((const unsigned short*)ws.o)[gi]);
-      else
-        z = (float)(ws.fmt == GM_Q_ZP ? (((const unsigned*)ws.o)[(long)(n / 8) * groups + g] >> (4 * (n % 8))) & 15u
-                                      : 8u);
-    }
-#if GM_QPAIRS
-    r->s2[c] = gm_pack_bf16x2(s, s), r->o2[c] = gm_pack_bf16x2(b, b);
-    r->c2[c] = gm_pack_bf16x2(-128.0f - z, -128.0f - z);
-#else
-    r->s[c] = s, r->o[c] = ws.fmt == GM_Q_MLX ? b : -z * s;
-#endif
+  const int n = col + GM_WLANE_N(lane), k0 = k + gm_qlane_k<F>(lane);
+  const int groups = K >> ws.gshift, g = k0 >> ws.gshift;
+  gm_load_q(r->words, ws.q + (long)n * (K / 8) + k0 / 8, ok);
+  float s = 0.0f, b = 0.0f, z = 0.0f;
+  if (ok) {
+    const long gi = (long)n * groups + g;
+    s = gm_f32(ws.s[gi]);
+    if (ws.fmt == GM_Q_MLX)
+      b = gm_f32(((const unsigned short*)ws.o)[gi]);
+    else
+      z = (float)(ws.fmt == GM_Q_ZP ? (((const unsigned*)ws.o)[(long)(n / 8) * groups + g] >> (4 * (n % 8))) & 15u
+                                    : 8u);
   }
+#if GM_QPAIRS
+  r->s2 = gm_pack_bf16x2(s, s), r->o2 = gm_pack_bf16x2(b, b), r->c2 = gm_pack_bf16x2(-128.0f - z, -128.0f - z);
+#else
+  r->s = s, r->o = ws.fmt == GM_Q_MLX ? b : -z * s;
+#endif
 }
 
 /* Value j (0..7) of a packed word as an exact f32: its 4 bits under the exponent of 2^23, less 2^23
@@ -204,26 +200,23 @@ GM_FN float gm_nibble(unsigned word, int j) {
   return v.f - 8388608.0f;
 }
 
-/* Chunk h's fragment from a lane's words, scales and offsets: pairs[4 * (c * GM_WQ + wi) + i] is word wi
- * of column c's values 2i and 2i + 1 (gm_wfrag_set places them). */
+/* Chunk h's fragment from a lane's words, scale and offset: pairs[4 * wi + i] is word wi's values 2i and
+ * 2i + 1 (gm_wfrag_set places them). */
 template <int F>
 GM_FN void gm_expand(gm_wfrag* f, const gm_q4raw<F>& r, int h, const gm_w4&) {
   unsigned pairs[GM_WLANE_V / 2];
 #pragma unroll
-  for (int c = 0; c < GM_WLANE_C; ++c)
-#pragma unroll
-    for (int wi = 0; wi < GM_WQ; ++wi) {
-      const unsigned word = r.words[c][h * GM_WQ + wi];
-      unsigned* pr = pairs + 4 * (c * GM_WQ + wi);
+  for (int wi = 0; wi < GM_WQ; ++wi) {
+    const unsigned word = r.words[h * GM_WQ + wi];
 #if GM_QPAIRS
-      gm_q4_pairs(pr, word, r.s2[c], r.o2[c], r.c2[c]);
+    gm_q4_pairs(pairs + 4 * wi, word, r.s2, r.o2, r.c2);
 #else
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
-        pr[i] = gm_pack_bf16x2(__builtin_fmaf(r.s[c], gm_nibble(word, 2 * i), r.o[c]),
-                               __builtin_fmaf(r.s[c], gm_nibble(word, 2 * i + 1), r.o[c]));
+    for (int i = 0; i < 4; ++i)
+      pairs[4 * wi + i] = gm_pack_bf16x2(__builtin_fmaf(r.s, gm_nibble(word, 2 * i), r.o),
+                                         __builtin_fmaf(r.s, gm_nibble(word, 2 * i + 1), r.o));
 #endif
-    }
+  }
   gm_wfrag_set(f, pairs);
 }
 

@@ -74,74 +74,6 @@ typedef unsigned gm_u4 __attribute__((ext_vector_type(4)));
 GM_LD4(gm_ld4_stream, "ld.global.nc.L1::no_allocate.v4.u32")
 GM_LD4(gm_ld4, "ld.global.nc.v4.u32")
 
-#ifndef GM_WA
-#define GM_WA 0
-#endif
-#if GM_WA
-/* W as the A operand (GM_WA, the 4-bit objects): a tile is 16 columns of W (A's rows) against 8 rows of
- * x (B's columns), so that a lane's W fragment is its own registers (no moves to pair x's rows g and
- * g + 8 in one A operand) and an x fragment, one 16-byte load, serves 16 columns. Lane (g, t) holds
- * columns col + g and col + g + 8 at k + 8t .. + 7, and x row g (rows 0..7 of the m-tile: the first
- * accumulator) and row g + 8 (rows 8..15, the second, skipped by the whole warp when the call has no such
- * row). The k slots are the 8-column form's: k + 8t + {0..3} then + {4..7} into {2t, 2t+1, 2t+8, 2t+9}. */
-#define GM_TN 16
-#define GM_ACC_N 8
-typedef struct { float d[8]; } gm_acc; /* d[0..3]: x rows 0..7 of the m-tile; d[4..7]: rows 8..15 */
-typedef struct { unsigned a[8]; } gm_wfrag; /* the A operands of the chunk's two matrix instructions */
-typedef struct { gm_u4 lo, hi; int has_hi; } gm_xfrag;
-
-GM_FN void gm_wfrag_pair(gm_wfrag* f, gm_u4 c0, gm_u4 c8) {
-  f->a[0] = c0.x, f->a[1] = c8.x, f->a[2] = c0.y, f->a[3] = c8.y;
-  f->a[4] = c0.z, f->a[5] = c8.z, f->a[6] = c0.w, f->a[7] = c8.w;
-}
-GM_FN void gm_load_w(gm_wfrag* f, const unsigned short* w, int col, int k, int K, int ok) {
-  int lane = GM_TID() & 31;
-  const unsigned short* p = w + (long)(col + (lane >> 2)) * K + k + 8 * (lane & 3);
-  gm_wfrag_pair(f, gm_ld4_stream(p, ok), gm_ld4_stream(p + 8L * K, ok));
-}
-#define GM_WLANE_C 2
-#define GM_WLANE_CSTEP 8
-#define GM_WLANE_V 16
-/* pairs[0..3]: column g's values (0, 1) .. (6, 7); pairs[4..7]: column g + 8's. */
-GM_FN void gm_wfrag_set(gm_wfrag* f, const unsigned (&p)[8]) {
-  gm_wfrag_pair(f, (gm_u4){p[0], p[1], p[2], p[3]}, (gm_u4){p[4], p[5], p[6], p[7]});
-}
-GM_FN void gm_load_x_at(gm_xfrag* f, const unsigned short* x, int row0, int kl, int M, int K) {
-  int lane = GM_TID() & 31;
-  int r = row0 + (lane >> 2);
-  const unsigned short* p = x + (long)r * K + kl;
-  f->lo = gm_ld4(p, r < M);
-  f->has_hi = row0 + 8 < M;
-  f->hi = f->has_hi ? gm_ld4(p + 8L * K, r + 8 < M) : (gm_u4){0, 0, 0, 0};
-}
-GM_FN void gm_load_x(gm_xfrag* f, const unsigned short* x, int row0, int k, int M, int K) {
-  gm_load_x_at(f, x, row0, k + 8 * (GM_TID() & 3), M, K);
-}
-#define GM_MMA_WA(D0, D1, D2, D3, A, B0, B1)                                                                   \
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "    \
-      "{%0, %1, %2, %3};"                                                                                      \
-      : "+f"(D0), "+f"(D1), "+f"(D2), "+f"(D3)                                                                 \
-      : "r"((A)[0]), "r"((A)[1]), "r"((A)[2]), "r"((A)[3]), "r"(B0), "r"(B1))
-GM_FN void gm_mma(gm_acc* acc, const gm_xfrag* xf, const gm_wfrag* wf) {
-  float* d = acc->d;
-  GM_MMA_WA(d[0], d[1], d[2], d[3], wf->a, xf->lo.x, xf->lo.y);
-  GM_MMA_WA(d[0], d[1], d[2], d[3], wf->a + 4, xf->lo.z, xf->lo.w);
-  if (xf->has_hi) {
-    GM_MMA_WA(d[4], d[5], d[6], d[7], wf->a, xf->hi.x, xf->hi.y);
-    GM_MMA_WA(d[4], d[5], d[6], d[7], wf->a + 4, xf->hi.z, xf->hi.w);
-  }
-}
-GM_FN void gm_acc_zero(gm_acc* a) {
-  for (int i = 0; i < 8; ++i) a->d[i] = 0.0f;
-}
-/* D fragment of a 16x8 tile: d0, d1 at (W column g, x row 2t, 2t+1); d2, d3 at (column g + 8, the same rows). */
-GM_FN float gm_acc_get(const gm_acc* a, int i, int* row, int* col) {
-  int lane = GM_TID() & 31;
-  *row = 8 * (i >> 2) + 2 * (lane & 3) + (i & 1);
-  *col = (lane >> 2) + 8 * ((i >> 1) & 1);
-  return a->d[i];
-}
-#else
 #define GM_TN 8
 #define GM_ACC_N 4
 typedef struct { float d[4]; } gm_acc;
@@ -164,19 +96,12 @@ GM_FN void gm_load_x(gm_xfrag* f, const unsigned short* x, int row0, int k, int 
   f->hi = gm_ld4(p + 8L * K, r + 8 < M);
 }
 /* The same rows at this lane's own k-values from kl (a super-chunk's chunk, gemm_body.h gm_round). */
-#ifndef GM_XHI
-#define GM_XHI 0
-#endif
 GM_FN void gm_load_x_at(gm_xfrag* f, const unsigned short* x, int row0, int kl, int M, int K) {
   int lane = GM_TID() & 31;
   int r = row0 + (lane >> 2);
   const unsigned short* p = x + (long)r * K + kl;
   f->lo = gm_ld4(p, r < M);
-#if GM_XHI
-  f->hi = row0 + 8 < M ? gm_ld4(p + 8L * K, r + 8 < M) : (gm_u4){0, 0, 0, 0};
-#else
   f->hi = gm_ld4(p + 8L * K, r + 8 < M);
-#endif
 }
 
 GM_FN void gm_mma(gm_acc* acc, const gm_xfrag* xf, const gm_wfrag* wf) {
@@ -199,7 +124,6 @@ GM_FN float gm_acc_get(const gm_acc* a, int i, int* row, int* col) {
   *col = 2 * (lane & 3) + (i & 1);
   return a->d[i];
 }
-#endif
 #define GM_WLANE_N(lane) ((lane) >> 2)
 #define GM_WLANE_K(lane) (8 * ((lane) & 3))
 /* 4-bit W: lane (g, t) holds the 8 k-values of one word, W[col + g, k + 8t .. + 7], of a chunk; a fetch
@@ -228,33 +152,30 @@ GM_FN unsigned gm_pack_bf16x2(float lo, float hi) {
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
   return d;
 }
-#if GM_QPAIRS
-/* The 4 bf16 pairs (values 2i, 2i+1) of a packed word: byte i of the even and of the odd nibbles into
- * the low halves of (128 + q) bf16s (exponent 0x43: the mantissa's low bits are q), then q - z and
- * s * (q - z) + b in bf16x2 fmas, each exact but the last, which rounds once (to nearest even). */
+/* 4-bit values dequantized two at a time in bf16x2 arithmetic (gemm_body.h GM_QPAIRS): a prmt and a
+ * lop3 a pair, two fmas. */
+#ifndef GM_QPAIRS
+#define GM_QPAIRS 1
+#endif
 GM_FN unsigned gm_fma_bf16x2(unsigned a, unsigned b, unsigned c) {
   unsigned d;
   asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
   return d;
 }
-#ifndef GM_PRMT2
-#define GM_PRMT2 0
-#endif
+/* The 4 bf16 pairs (values 2i, 2i+1) of a packed word: byte i of the word (value 2i in its low
+ * nibble) and of the word >> 4 (value 2i + 1) into the low halves of two bf16s of exponent 0x43, whose
+ * value is 128 + q; then q - z = (128 + q) - (128 + z) and s * (q - z) + b, bf16x2 fmas, each exact
+ * but the last, which rounds once (to nearest even). */
 GM_FN void gm_q4_pairs(unsigned* pairs, unsigned word, unsigned s2, unsigned o2, unsigned c2) {
-#if GM_PRMT2
-  const unsigned ev = word, od = word >> 4;
-#else
-  const unsigned ev = word & 0x0F0F0F0Fu, od = (word >> 4) & 0x0F0F0F0Fu;
-#endif
+  const unsigned hi = word >> 4;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     unsigned t;
-    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(t) : "r"(ev), "r"(od), "r"(i | (4 + i) << 8));
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(t) : "r"(word), "r"(hi), "r"(i | (4 + i) << 8));
     t = (t & 0x000F000Fu) | 0x43004300u;
     pairs[i] = gm_fma_bf16x2(s2, gm_fma_bf16x2(t, 0x3F803F80u, c2), o2);
   }
 }
-#endif
 /* m-tiles 1-2 keep GM_MINB workgroups per SM; 3-4 take up to 255 registers. */
 #define GM_LAUNCH(MT) __attribute__((launch_bounds(GM_WARPS * 32, (MT) <= 2 ? GM_MINB : 1)))
 

@@ -46,6 +46,31 @@ def dequantize_q4(q: np.ndarray, s_bits: np.ndarray, o: np.ndarray | None, fmt: 
     return bf16_bits(w.astype(np.float32).reshape(N, K))
 
 
+def q4_k_order(K: int, splits: int, fetch_chunks: int, chunk: int = 32, lane_k: int = 8) -> np.ndarray:
+    """The k order of the 4-bit kernel as the bf16 kernel's: int64 [K], order[j] = the column of x and W
+    that the 4-bit kernel gives the matrix instructions where the bf16 kernel gives column j. So the
+    4-bit y equals, bit for bit, the bf16 kernel's y on x[:, order] and the dequantized W[:, order].
+
+    The 4-bit kernel fetches `fetch_chunks` chunks of `chunk` k-values at a time (gemm_body.h GM_QSC,
+    `dispatch.q4_fetch_chunks`): in each whole fetch of each split (K / splits k-values) lane group t
+    (of chunk / lane_k) takes the fetch's k-values kb + t * fetch_chunks * lane_k .. in one load, and
+    chunk h of the fetch its k-values kb + t * fetch_chunks * lane_k + h * lane_k .. + lane_k - 1, where
+    the bf16 kernel's chunk kb + h * chunk gives that lane group kb + h * chunk + t * lane_k ... The rest
+    of a split (under a fetch) is in the bf16 order, as is everything when fetch_chunks is 1.
+    """
+    order = np.arange(K)
+    if fetch_chunks == 1:
+        return order
+    KR, span, groups = K // splits, fetch_chunks * chunk, chunk // lane_k
+    for s in range(splits):
+        for kb in range(s * KR, s * KR + KR // span * span, span):
+            for h in range(fetch_chunks):
+                for t in range(groups):
+                    src = kb + t * fetch_chunks * lane_k + h * lane_k
+                    order[kb + h * chunk + t * lane_k: kb + h * chunk + (t + 1) * lane_k] = np.arange(src, src + lane_k)
+    return order
+
+
 def reference(x_bits: np.ndarray, w_bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(float64 y [M, N], float64 scale = |x| . |W|^T) from bf16 bit patterns x [M, K], w [N, K]."""
     x = bf16_to_f32(x_bits).astype(np.float64)
