@@ -257,10 +257,11 @@ def find_layers(index: dict, fmt: QuantFormat, shapes: dict[str, tuple[int, int]
 def quantize_affine(w, group_size: int = ON_LOAD_GROUP, scale_dtype=None):
     """Affine 4-bit quantization of a float weight, in MLX's layout (quantize on load).
 
-    Per group of `group_size` input columns: bias = min, scale = (max - min) / 15 (1 where the group
-    is constant), rounded to `scale_dtype` (the weight's dtype by default) before q is chosen, so
-    that w ~ scale * q + bias holds with the stored scale and bias; q = clip(round((w - bias) / scale),
-    0, 15) in float32. (mlx's own `quantize` also nudges the bias so that 0 is exact; this one does
+    Per group of `group_size` input columns: bias = min, scale = (max - min) / 15, rounded to
+    `scale_dtype` (the weight's dtype by default) before q is chosen, so that w ~ scale * q + bias
+    holds with the stored scale and bias; q = clip(round((w - bias) / scale), 0, 15) in float32. A
+    scale that is 0 in `scale_dtype` (a constant group, or a range below its smallest step) is 1: a
+    zero scale would divide by zero, and the group is its bias either way. (mlx's own `quantize` also nudges the bias so that 0 is exact; this one does
     not, and says so: it is our quantizer, checked by its error bound, not by MLX's bits.)
 
     Args:
@@ -276,7 +277,8 @@ def quantize_affine(w, group_size: int = ON_LOAD_GROUP, scale_dtype=None):
     scale_dtype = scale_dtype or w.dtype
     g = w.astype(np.float32).reshape(N, K // group_size, group_size)
     lo, hi = g.min(-1), g.max(-1)
-    scale = np.where(hi > lo, (hi - lo) / 15.0, 1.0).astype(scale_dtype)
+    scale = ((hi - lo) / 15.0).astype(scale_dtype)
+    scale = np.where(scale > 0, scale, 1.0).astype(scale_dtype)
     bias = lo.astype(scale_dtype)
     s32, b32 = scale.astype(np.float32)[..., None], bias.astype(np.float32)[..., None]
     q = np.clip(np.rint((g - b32) / s32), 0, 15).astype(np.uint8).reshape(N, K)
