@@ -33,6 +33,7 @@ from dflash_iree import guard
 # are read from here too (tests, bench).
 from dflash_iree.arch import (ALIASES, ARCHS, GPU_OPT, RECORD_HOST_FLAGS, Arch, compile_flags,  # noqa: F401
                               kernel_archs, resolve_arch)
+from dflash_iree.cache import cache_dir  # where exported MLIR is kept between compiles (read from here too)
 from dflash_iree.checkpoint import sha256_file
 from dflash_iree.config import DrafterConfig, TargetConfig, config_hash, load_drafter_config, load_target_config
 from dflash_iree.errors import DFlashError
@@ -252,17 +253,6 @@ def export_mlir(p: Plan, path: str | Path, log=None) -> Path:
 # export outlived their edits), and the shared modules whose values it bakes in (shapes and page
 # size, dtype names, config parsing).
 _SHARED_SOURCES = ("config", "config_qwen35", "dflash2", "quant", "manifest")  # dflash_iree modules
-
-
-def cache_dir() -> Path | None:
-    """Where exported MLIR is kept between compiles: $DFLASH_IREE_CACHE, else ~/.cache/dflash-iree
-    ($XDG_CACHE_HOME honoured); None when $DFLASH_IREE_CACHE is "off"."""
-    env = os.environ.get("DFLASH_IREE_CACHE")
-    if env == "off":
-        return None
-    if env:
-        return Path(env)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dflash-iree"
 
 
 def export_key(p: Plan) -> str:
