@@ -167,7 +167,9 @@ def load_target(folder: str | Path, max_context: int = 4096, dtype: str | None =
             module = Qwen35(cfg, max_context, tap_layer_ids, streams, compute, state_slots=block_size)
         return load_weights(module, folder)
     with torch.device("meta"):
-        module = read_quantized(Qwen3(cfg, max_context, tap_layer_ids, streams, compute), folder, compute)
+        # tied before loading, as build_pair does: a packed embedding leaves lm_head its own (unread) weight
+        module = tie_embeddings(read_quantized(Qwen3(cfg, max_context, tap_layer_ids, streams, compute), folder,
+                                               compute))
     return _bits_on_load(load_weights(module, folder), bits, "--target-bits", cfg.dtype)
 
 

@@ -80,6 +80,22 @@ def test_4bit_target_generates_the_dequantized_reference(qdirs, fmt, sampling):
     assert got != generate_plain(plain, prompt, 24, sampling).tokens  # the 4-bit weights are what is read
 
 
+def test_tied_mlx_target_loads_with_its_packed_embedding_as_lm_head(tmp_path):
+    """mlx-lm writes a tied target without lm_head: the lm_head is the packed embedding, and the
+    target generates the tokens of the float target holding the library's dequantized embedding."""
+    tied = make_target(tmp_path / "tied", tie=True, dtype="bfloat16", seed=2)
+    mlx = write_mlx(tied, tmp_path / "mlx")
+    target = load_target(mlx, 64, "f32")
+    assert isinstance(target.lm_head, QuantLinear) and target.lm_head.weight is target.model.embed_tokens.weight
+    twin = load_target(tied, 64, "f32")
+    with torch.no_grad():
+        for name, w in library_dequantized(mlx).items():
+            twin.get_submodule(name).weight.copy_(w)
+    for sampling in SAMPLINGS.values():
+        assert generate_plain(target, [5, 17, 300, 2], 24, sampling).tokens == \
+            generate_plain(twin, [5, 17, 300, 2], 24, sampling).tokens
+
+
 def test_quantize_on_load_bound_and_layers(qdirs):
     target, drafter = load_pair(qdirs["bf16"], qdirs["drafter"], 64, "f32", target_bits=4, drafter_bits=4)
     float_target = load_target(qdirs["bf16"], 64, "f32")
