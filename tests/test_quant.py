@@ -7,7 +7,7 @@ written by their own libraries (tests/quant_writers.py), quantize on load, and t
 - Drafted == plain at 4-bit (an MLX target, a drafter quantized on load), greedy and seeded, with
   the planted acceptance control that must fail.
 - Every refusal is one line with exit status 2, and a refused compile writes nothing (the compiled
-  4-bit path: tests/test_quant_compile.py).
+  4-bit path: tests/test_quant_compile.py; quantize on load compiled: tests/test_quantize_on_load.py).
 """
 
 from __future__ import annotations
@@ -219,15 +219,6 @@ def test_other_bit_widths_are_refused_with_the_accepted_list(qdirs, option, caps
     out = tmp_path / "out"
     rc, _, err = cli(capsys, "compile", "--target", qdirs["bf16"], "--drafter", qdirs["drafter"], "--out", out, option, "8")
     assert_refused(rc, err, f"{option} 8 is not supported; accepted: 4")
-    assert not out.exists()
-
-
-def test_compile_of_bits_on_load_says_it_is_not_compiled_yet(qdirs, capsys, tmp_path):
-    """A 4-bit checkpoint compiles for the host (tests/test_quant_compile.py); quantize on load does not yet."""
-    out = tmp_path / "out"
-    rc, _, err = cli(capsys, "compile", "--target", qdirs["bf16"], "--target-bits", "4", "--drafter", qdirs["drafter"],
-                     "--out", out)
-    assert_refused(rc, err, "not compiled yet", "dflash-iree eager")
     assert not out.exists()
 
 
