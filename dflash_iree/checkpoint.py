@@ -34,13 +34,13 @@ ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "
 MAX_HEADER = 100_000_000  # the safetensors reference implementation's limit
 
 
-def _read_header(path: Path) -> dict:
+def _read_header(path: Path, metadata: dict | None = None) -> dict:
     """The tensor entries of a safetensors file's JSON header, checked against the file's size.
 
     Format (huggingface/safetensors, "Format"): 8 bytes little-endian header length N, N bytes of
     JSON {key: {dtype, shape, data_offsets: [begin, end]}} (offsets into the data that follows), then
     the data. A file cut off mid-tensor (an interrupted download or copy) is caught here, by name,
-    before IREE maps it.
+    before IREE maps it. The header's `__metadata__` goes into `metadata` when one is given.
 
     Raises:
         DFlashError: unreadable file, a header that is not that JSON, or a tensor whose byte range
@@ -65,7 +65,9 @@ def _read_header(path: Path) -> dict:
         bad(f"the header is not JSON: {e}")
     if not isinstance(header, dict):
         bad("the header is not a JSON object")
-    header.pop("__metadata__", None)
+    meta = header.pop("__metadata__", None)
+    if metadata is not None and isinstance(meta, dict):
+        metadata.update(meta)
     data = size - 8 - n
     for key, meta in header.items():
         try:
@@ -81,6 +83,23 @@ def _read_header(path: Path) -> dict:
         if end > data:
             bad(f"tensor {key} ends at data byte {end} but the file holds {data} bytes of data: it was cut off")
     return header
+
+
+def read_safetensors(path: str | Path) -> tuple[dict[str, TensorInfo], dict, int]:
+    """One safetensors file's tensors (key -> TensorInfo, offsets into its data), its header's
+    `__metadata__` (str -> str; {} when none), and the file offset its data starts at.
+
+    Raises:
+        DFlashError: as `_read_header`: unreadable, not that JSON, or cut off.
+    """
+    path = Path(path)
+    metadata: dict = {}
+    header = _read_header(path, metadata)
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+    tensors = {key: TensorInfo(path, SAFETENSORS_DTYPES.get(m["dtype"], m["dtype"].lower()), tuple(m["shape"]),
+                               tuple(m["data_offsets"])) for key, m in header.items()}
+    return tensors, metadata, 8 + n
 
 
 def weight_files(folder: str | Path) -> list[Path]:

@@ -146,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--max-context", type=int, help="KV cache length in tokens (default 4096, or the target's "
                    "max_position_embeddings when smaller)")
     c.add_argument("--dtype", choices=COMPUTE_DTYPES, help="default: the target config's torch_dtype")
-    _bits_arguments(c)
+    _bits_arguments(c, compiled=True)
     c.add_argument("--streams", type=int, default=1, help="requests served together in one round, 1..64 "
                    "(default 1): the leading stream dimension of every entry point and KV cache")
     c.add_argument("--draft-top-k", type=int, default=8, metavar="K",
@@ -174,8 +174,12 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _bits_arguments(p) -> None:
-    """--target-bits / --drafter-bits: quantize a float checkpoint on load (dflash_iree/quant.py)."""
+def _bits_arguments(p, compiled: bool = False) -> None:
+    """--target-bits / --drafter-bits: quantize a float checkpoint on load (dflash_iree/quant.py);
+    `compiled`: compile's wording (the module takes the packed form, the runtime quantizes)."""
     for scope in ("target", "drafter"):
-        p.add_argument(f"--{scope}-bits", type=int, metavar="BITS",
-                       help=f"quantize the {scope}'s float linears on load: 4 (affine, group 64); default: as stored")
+        what = (f"4: the {scope}'s float linears compiled as MLX 4-bit operands (affine, group 64), the ones "
+                f"eager --{scope}-bits 4 quantizes; the runtime quantizes the float checkpoint as it binds it and "
+                "keeps the result in ~/.cache/dflash-iree/quantized ($DFLASH_IREE_CACHE/quantized)"
+                if compiled else f"quantize the {scope}'s float linears on load: 4 (affine, group 64)")
+        p.add_argument(f"--{scope}-bits", type=int, metavar="BITS", help=f"{what}; default: as stored")

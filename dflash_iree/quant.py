@@ -19,7 +19,8 @@ Two formats are read as they are stored, with no conversion step:
 Both become one internal form, `QuantLayer`: packed nibbles u in [0, 15] laid out as MLX stores
 them, and per group a scale and an offset, w = scale * (u - offset) for compressed-tensors
 (offset = 8 + zero_point) and w = scale * u + bias for MLX. `quantize_affine` makes the MLX form from
-a float weight (`--target-bits 4` / `--drafter-bits 4`, quantize on load).
+a float weight (`--target-bits 4` / `--drafter-bits 4`, quantize on load); `quantize_on_load_weight`
+is the whole rule, from the stored weight, that the eager loader and the runtime's binder share.
 
 Refused, each with one line and the fix: GPTQ, AWQ, GGUF, FP8 (and other quant_methods) by name,
 bits other than ACCEPTED_BITS, group sizes other than GROUP_SIZES, activation quantization, a
@@ -37,6 +38,9 @@ ACCEPTED_BITS = (4,)
 # Input columns per scale the dequantizing matmul takes: each divides a 128-wide K tile.
 GROUP_SIZES = (32, 64, 128)
 ON_LOAD_GROUP = 64  # quantize on load: affine 4-bit, group 64 (the MLX default)
+# The version of quantize on load's rule (`quantize_on_load_weight`): the runtime's cached quantized
+# tensors record it, so that a cache made by another rule is made again, never bound.
+ON_LOAD_RULE = 1
 MLX = "mlx-affine"
 CT = "compressed-tensors"
 # quant_methods users meet that are not read yet, with the name to refuse them by
@@ -49,7 +53,8 @@ _READ = f"4-bit MLX affine ({MLX}) or compressed-tensors pack-quantized W4A16"
 class QuantFormat:
     """A checkpoint's 4-bit format: `method` (MLX or CT), bits, group_size (input columns per scale),
     symmetric (compressed-tensors: no zero points), and the layers the config leaves unquantized
-    (`ignore`: module paths; a layer whose tensors are float is unquantized either way)."""
+    (`ignore`: module paths; a layer whose tensors are float is unquantized either way). `on_load`:
+    not the checkpoint's (a float one) but the MLX form quantize on load gives it (`on_load_format`)."""
 
     method: str
     bits: int
@@ -57,6 +62,7 @@ class QuantFormat:
     symmetric: bool = True
     ignore: tuple[str, ...] = ()
     source: str = ""  # the config.json it came from
+    on_load: bool = False
 
     def to_dict(self) -> dict:
         return {"method": self.method, "bits": self.bits, "group_size": self.group_size,
@@ -181,6 +187,12 @@ def check_bits(bits, option: str) -> int | None:
     return int(bits)
 
 
+def on_load_format(source: str = "") -> QuantFormat:
+    """The format `--target-bits 4` / `--drafter-bits 4` give a float checkpoint (`source`: its
+    config.json): MLX affine, 4 bits, group ON_LOAD_GROUP."""
+    return QuantFormat(MLX, 4, ON_LOAD_GROUP, source=source, on_load=True)
+
+
 @dataclass(frozen=True)
 class QuantLayer:
     """One quantized linear or embedding `prefix` of a checkpoint: its output and input sizes N, K,
@@ -257,10 +269,11 @@ def find_layers(index: dict, fmt: QuantFormat, shapes: dict[str, tuple[int, int]
 def quantize_affine(w, group_size: int = ON_LOAD_GROUP, scale_dtype=None):
     """Affine 4-bit quantization of a float weight, in MLX's layout (quantize on load).
 
-    Per group of `group_size` input columns: bias = min, scale = (max - min) / 15 (1 where the group
-    is constant), rounded to `scale_dtype` (the weight's dtype by default) before q is chosen, so
-    that w ~ scale * q + bias holds with the stored scale and bias; q = clip(round((w - bias) / scale),
-    0, 15) in float32. (mlx's own `quantize` also nudges the bias so that 0 is exact; this one does
+    Per group of `group_size` input columns: bias = min, scale = (max - min) / 15, rounded to
+    `scale_dtype` (the weight's dtype by default) before q is chosen, so that w ~ scale * q + bias
+    holds with the stored scale and bias; q = clip(round((w - bias) / scale), 0, 15) in float32. A
+    scale that is 0 in `scale_dtype` (a constant group, or a range below its smallest step) is 1: a
+    zero scale would divide by zero, and the group is its bias either way. (mlx's own `quantize` also nudges the bias so that 0 is exact; this one does
     not, and says so: it is our quantizer, checked by its error bound, not by MLX's bits.)
 
     Args:
@@ -276,11 +289,34 @@ def quantize_affine(w, group_size: int = ON_LOAD_GROUP, scale_dtype=None):
     scale_dtype = scale_dtype or w.dtype
     g = w.astype(np.float32).reshape(N, K // group_size, group_size)
     lo, hi = g.min(-1), g.max(-1)
-    scale = np.where(hi > lo, (hi - lo) / 15.0, 1.0).astype(scale_dtype)
+    scale = ((hi - lo) / 15.0).astype(scale_dtype)
+    scale = np.where(scale > 0, scale, 1.0).astype(scale_dtype)
     bias = lo.astype(scale_dtype)
     s32, b32 = scale.astype(np.float32)[..., None], bias.astype(np.float32)[..., None]
     q = np.clip(np.rint((g - b32) / s32), 0, 15).astype(np.uint8).reshape(N, K)
     return pack_nibbles(q), scale, bias
+
+
+def quantize_on_load_weight(w, compute_dtype, scale_dtype, group_size: int = ON_LOAD_GROUP):
+    """Quantize on load's rule for one float weight as a checkpoint stores it: the weight as the
+    compute dtype holds it (the eager reference loads it so), in the checkpoint's dtype, by
+    `quantize_affine`. export/quantized.py `quantize_on_load` (eager, torch casts) and the runtime's
+    binder (runtime/quantize_on_load.py, NumPy casts) both come to this; tests/test_quantize_on_load.py
+    holds them equal bit for bit.
+
+    Args:
+        w: numpy float array [N, K] in the checkpoint's stored dtype (bf16 via ml_dtypes, f16, f32).
+        compute_dtype: numpy dtype of the module's activations (--dtype).
+        scale_dtype: numpy dtype of the checkpoint's config.json torch_dtype: the scales' and biases'.
+
+    Returns:
+        `quantize_affine`'s (packed uint32 [N, K / 8], scales, biases [N, K / group_size] in scale_dtype).
+    """
+    import numpy as np
+
+    # through float32 as torch's `.float().numpy()` goes: each cast rounds once, to nearest even
+    w = np.asarray(w).astype(compute_dtype).astype(np.float32).astype(scale_dtype)
+    return quantize_affine(w, group_size, scale_dtype)
 
 
 def pack_nibbles(q):

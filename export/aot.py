@@ -80,10 +80,13 @@ class Pair(nn.Module):
 
 
 def build_pair(tcfg: TargetConfig, dcfg: DrafterConfig, max_context: int, block_size: int, streams: int,
-               dtype: torch.dtype, draft_top_k: int = 0, attention: str = "fused") -> Pair:
+               dtype: torch.dtype, draft_top_k: int = 0, attention: str = "fused", on_load=()) -> Pair:
     """Target and drafter on the meta device (no weights), in eval mode, without gradients.
 
     attention: the attention form (export/qwen3.py `ATTENTION`) the backend runs best.
+    on_load: the scopes ("target", "drafter") quantized on load (--target-bits 4 / --drafter-bits 4):
+        their float linears become the packed modules an MLX-written checkpoint of that geometry
+        gives (export/quantized.py `swap_on_load`), scales and biases in the config's dtype.
     A hybrid target (`HybridConfig`) is a `Qwen35` with block_size recurrent state slots (the rows
     of a verify it rolls back within, export/recurrent_state.py).
     """
@@ -98,10 +101,14 @@ def build_pair(tcfg: TargetConfig, dcfg: DrafterConfig, max_context: int, block_
             drafter.candidate_selector.op_top_k = max(dcfg.dflash2.selector_top_k, draft_top_k)
     # A 4-bit checkpoint's packed layers become export/quantized.py's modules, named and typed as the
     # checkpoint stores them (its safetensors headers only are read); the dequantization is in the graph.
-    from .load import read_quantized, tie_embeddings
+    from .load import read_quantized, tie_embeddings, torch_dtype
+    from .quantized import swap_on_load
 
     target = tie_embeddings(read_quantized(target, tcfg.folder, dtype))
     drafter = read_quantized(drafter, dcfg.folder, dtype)
+    for scope, module, cfg in (("target", target, tcfg), ("drafter", drafter, dcfg)):
+        if scope in on_load:
+            swap_on_load(module, torch_dtype(cfg.dtype), dtype)
     pair = Pair(target, drafter, draft_top_k).eval()
     pair.requires_grad_(False)
     return pair

@@ -33,6 +33,7 @@ from dflash_iree import guard
 # are read from here too (tests, bench).
 from dflash_iree.arch import (ALIASES, ARCHS, GPU_OPT, RECORD_HOST_FLAGS, Arch, compile_flags,  # noqa: F401
                               kernel_archs, resolve_arch)
+from dflash_iree.cache import cache_dir  # where exported MLIR is kept between compiles (read from here too)
 from dflash_iree.checkpoint import sha256_file
 from dflash_iree.config import DrafterConfig, TargetConfig, config_hash, load_drafter_config, load_target_config
 from dflash_iree.errors import DFlashError
@@ -93,15 +94,18 @@ def plan(target_dir: str | Path, drafter_dir: str | Path, block_size: int | None
         step's token fed to the next on the device), 2..MAX_DECODE_STEPS; 0 or 1 compiles none. One
         stream, dense (Qwen3) targets only: steps past a stop are rolled back by length, which a
         recurrent state cannot be.
-    target_bits, drafter_bits: quantize on load (dflash_iree/quant.py): checked, and refused while the
-        runtime cannot quantize as it binds (issue #28; the eager reference runs them). A 4-bit MLX
-        or compressed-tensors checkpoint is read as its config.json says (`Plan.quantization`).
+    target_bits, drafter_bits: 4 to quantize that float checkpoint on load (dflash_iree/quant.py
+        `on_load_format`: MLX affine, group 64): the module takes its linears as an MLX-written
+        checkpoint's packed operands, and the runtime quantizes the float tensors as it binds them
+        (runtime/quantize_on_load.py). A 4-bit MLX or compressed-tensors checkpoint is read as its
+        config.json says. Either way `Plan.quantization`.
 
     Raises:
         DFlashError: a missing config, an unsupported family, a drafter that does not fit the
             target, block_size / max_context / dtype / streams (a hybrid target: above 1) / draft_top_k
-            / decode_steps (with streams above 1 or a hybrid target: above 1) out of range, a bits option (not compiled yet), a 4-bit format dflash_iree/quant.py
-            refuses, a GGUF folder, or a 4-bit hybrid target.
+            / decode_steps (with streams above 1 or a hybrid target: above 1) out of range, a bits
+            option other than 4, or given for a checkpoint that is already 4-bit or for a hybrid
+            target, a 4-bit format dflash_iree/quant.py refuses, a GGUF folder, or a 4-bit hybrid target.
     """
     from dflash_iree.kernels.topk import MAX_K
 
@@ -146,20 +150,28 @@ def _check_4bit(tcfg: TargetConfig, dcfg: DrafterConfig, target_bits, drafter_bi
     """The 4-bit formats of the two checkpoints (scope -> QuantFormat or None), checked for compiling.
 
     A 4-bit MLX or compressed-tensors checkpoint compiles: its packed tensors are module parameters
-    bound from the safetensors as stored, dequantized in the graph (export/quantized.py). Refused,
-    one line each: quantize on load (the runtime would have to quantize the bf16 tensors as it binds
-    them, which it does not yet), and a 4-bit Qwen3.5-family hybrid target.
+    bound from the safetensors as stored, dequantized in the graph (export/quantized.py). A float
+    checkpoint with `--SCOPE-bits 4` compiles as an MLX-written one of its geometry would
+    (`quant.on_load_format`), the runtime quantizing its tensors as it binds them. Refused, one line
+    each: bits other than 4, bits for a checkpoint already 4-bit (as the eager loader refuses
+    them), bits for a Qwen3.5-family hybrid target, and a 4-bit hybrid target.
     """
     from dflash_iree import quant
 
     formats = {}
     for scope, cfg, bits in (("target", tcfg, target_bits), ("drafter", dcfg, drafter_bits)):
-        if quant.check_bits(bits, f"--{scope}-bits") is not None:
-            raise DFlashError(f"--{scope}-bits {bits}: quantize on load is not compiled yet (the runtime binds "
-                              "checkpoint tensors as stored and has no quantizing binder); compile a 4-bit MLX or "
-                              f"compressed-tensors {scope} checkpoint, run dflash-iree eager --{scope}-bits {bits}, "
-                              f"or leave --{scope}-bits out")
-        formats[scope] = quant.read_format(cfg.raw, Path(cfg.folder) / "config.json")
+        option = f"--{scope}-bits"
+        on_load = quant.check_bits(bits, option) is not None
+        if on_load and scope == "target" and hybrid.is_hybrid(tcfg):
+            raise DFlashError(f"{tcfg.folder}/config.json: {option} is not implemented for {tcfg.family} "
+                              "(Qwen3.5-family) targets yet; leave it out")
+        config = Path(cfg.folder) / "config.json"
+        formats[scope] = quant.read_format(cfg.raw, config)
+        if on_load and formats[scope] is not None:
+            raise DFlashError(f"{option} {bits}: the {scope} checkpoint {cfg.folder} is already 4-bit "
+                              f"({formats[scope].method}); leave {option} out")
+        if on_load:
+            formats[scope] = quant.on_load_format(str(config))
     if formats["target"] is not None and hybrid.is_hybrid(tcfg):
         raise DFlashError(f"{tcfg.folder}: 4-bit {tcfg.family} (Qwen3.5-family) targets are not compiled yet; "
                           "compile a bf16 checkpoint of it")
@@ -169,8 +181,8 @@ def _check_4bit(tcfg: TargetConfig, dcfg: DrafterConfig, target_bits, drafter_bi
 def _refuse_4bit_arch(p: "Plan", arch: Arch) -> None:
     """4-bit weights compile for the host (IREE's own dequantize + matmul) and for the GPU archs of
     the skinny GEMM, whose 4-bit form dequantizes in registers (kernels/gemm, issue #28) and takes
-    bf16 activations, scales and biases. Anything else would leave a dispatch writing every
-    dequantized weight, so it is refused in one line."""
+    bf16 activations, scales and biases (quantize on load keeps them in the checkpoint's dtype).
+    Anything else would leave a dispatch writing every dequantized weight, so it is refused in one line."""
     quantized = [s for s, f in p.quantization.items() if f is not None]
     if not quantized or arch.driver == "local-task":
         return
@@ -185,7 +197,14 @@ def _refuse_4bit_arch(p: "Plan", arch: Arch) -> None:
     from dflash_iree.checkpoint import index_checkpoint
 
     for scope in quantized:
-        folder = getattr(p, scope).folder
+        cfg = getattr(p, scope)
+        folder = cfg.folder
+        if p.quantization[scope].on_load:
+            if cfg.dtype != "bf16":
+                raise DFlashError(f"--{scope}-bits 4: the {scope} checkpoint {folder} is {cfg.dtype}, and quantize on "
+                                  f"load keeps scales and biases in it; the packed-weight GEMM on {arch.name} reads bf16 "
+                                  "ones: quantize from a bf16 checkpoint, or compile it for --arch host")
+            continue
         for key, info in sorted(index_checkpoint(folder).items()):
             if key.endswith((".scales", ".biases", ".weight_scale")) and info.dtype != "bf16":
                 raise DFlashError(f"{folder}: {key} is {info.dtype}; the packed-weight GEMM on {arch.name} reads bf16 "
@@ -211,8 +230,9 @@ def _build_pair(p: Plan):
     from dflash_iree.export import aot
     from dflash_iree.export.load import torch_dtype
 
+    on_load = [scope for scope, f in p.quantization.items() if f is not None and f.on_load]
     return aot.build_pair(p.target, p.drafter, p.max_context, p.block_size, p.streams, torch_dtype(p.dtype),
-                          p.draft_top_k, p.attention)
+                          p.draft_top_k, p.attention, on_load=on_load)
 
 
 def _describe(p: Plan, pair) -> None:
@@ -222,10 +242,26 @@ def _describe(p: Plan, pair) -> None:
 
     p.entries = aot.entry_points(aot.export_shapes(p), p.sampled)
     p.parameters = aot.parameter_table(pair)
-    p.quant_records = {scope: quant_record(module, cfg.folder) for scope, module, cfg in
-                       (("target", pair.target, p.target), ("drafter", pair.drafter, p.drafter))}
+    p.quant_records = {scope: quant_record(module, p.quantization.get(scope)) for scope, module in
+                       (("target", pair.target), ("drafter", pair.drafter))}
+    for scope, record in p.quant_records.items():
+        if record is not None and p.quantization[scope].on_load:
+            record["on_load"] = _on_load_record(getattr(p, scope))
     p.state = {name: {"shape": list(b.shape), "dtype": aot.DTYPE_NAMES[b.dtype], "bytes": b.numel() * b.element_size()}
                for name, b in aot.state_globals(pair).items()}
+
+
+def _on_load_record(cfg) -> dict:
+    """The manifest's `quantization.on_load` of a scope quantized on load: where its packed operands
+    come from (the float checkpoint, quantized by the runtime as it binds it), the rule's version
+    (quant.ON_LOAD_RULE), the dtype of its scales and biases (the config's), and the source's
+    identity for provenance: each safetensors file's bytes and sha256 (compile reads it once for
+    this). The runtime binds any float checkpoint of the recorded shapes, as for float artifacts."""
+    from dflash_iree.checkpoint import weight_files
+    from dflash_iree.quant import ON_LOAD_RULE
+
+    files = {f.name: {"bytes": f.stat().st_size, "sha256": sha256_file(f)} for f in weight_files(cfg.folder)}
+    return {"from": "float checkpoint", "rule": ON_LOAD_RULE, "scale_dtype": cfg.dtype, "source": {"files": files}}
 
 
 def export_mlir(p: Plan, path: str | Path, log=None) -> Path:
@@ -254,17 +290,6 @@ def export_mlir(p: Plan, path: str | Path, log=None) -> Path:
 _SHARED_SOURCES = ("config", "config_qwen35", "dflash2", "quant", "manifest")  # dflash_iree modules
 
 
-def cache_dir() -> Path | None:
-    """Where exported MLIR is kept between compiles: $DFLASH_IREE_CACHE, else ~/.cache/dflash-iree
-    ($XDG_CACHE_HOME honoured); None when $DFLASH_IREE_CACHE is "off"."""
-    env = os.environ.get("DFLASH_IREE_CACHE")
-    if env == "off":
-        return None
-    if env:
-        return Path(env)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dflash-iree"
-
-
 def export_key(p: Plan) -> str:
     """sha256 of everything the exported MLIR depends on: the model shapes and options, the export
     sources, and the torch / iree-turbine / compiler versions (not the checkpoint folders)."""
@@ -279,6 +304,9 @@ def export_key(p: Plan) -> str:
         # the packed layers' names, dtypes and shapes are the module's parameters: a 4-bit and a bf16
         # checkpoint of one config export differently, as do two group sizes or formats
         "quantization": {s: (f.to_dict() if f else None) for s, f in p.quantization.items()},
+        # quantize on load packs fewer layers than an MLX-written checkpoint (not the embedding or
+        # lm_head): another module from the same format
+        "on_load": sorted(s for s, f in p.quantization.items() if f is not None and f.on_load),
         "quantized_tensors": _quantized_tensors(p),
         "versions": [_version(d) for d in ("torch", "iree-turbine", "iree-base-compiler")],
         "sources": [hashlib.sha256(f.read_bytes()).hexdigest() for f in sources],
@@ -293,7 +321,7 @@ def _quantized_tensors(p: Plan) -> dict:
 
     out = {}
     for scope, cfg in (("target", p.target), ("drafter", p.drafter)):
-        if p.quantization.get(scope) is not None:
+        if p.quantization.get(scope) is not None and not p.quantization[scope].on_load:
             out[scope] = sorted((k, i.dtype, list(i.shape)) for k, i in index_checkpoint(cfg.folder).items())
     return out
 

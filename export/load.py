@@ -108,13 +108,12 @@ def read_quantized(module: nn.Module, folder: str | Path, compute_dtype: torch.d
     return swap_quantized(module, layers, dtypes, compute_dtype)
 
 
-def quant_record(module: nn.Module, folder: str | Path) -> dict | None:
-    """The manifest's `quantization` entry of a module `read_quantized` swapped (None: no packed layer):
-    the format (method, bits, group_size, symmetric), the quantized layer prefixes, and the bytes the
-    module binds, split into packed weights, scales, zeros (MLX biases or compressed-tensors zero
-    points) and the float parameters left in their stored dtype."""
-    folder = Path(folder)
-    fmt = quant.read_format(json.loads((folder / "config.json").read_text()), folder / "config.json")
+def quant_record(module: nn.Module, fmt: "quant.QuantFormat | None") -> dict | None:
+    """The manifest's `quantization` entry of a module `read_quantized` or `swap_on_load` swapped to
+    the format `fmt` (None: no packed layer): the format (method, bits, group_size, symmetric), the
+    quantized layer prefixes, and the bytes the module binds, split into packed weights, scales,
+    zeros (MLX biases or compressed-tensors zero points) and the float parameters left in their
+    stored dtype."""
     layers = {n: m for n, m in module.named_modules() if isinstance(m, QuantLinearBase)}
     if fmt is None or not layers:
         return None
@@ -167,7 +166,9 @@ def load_target(folder: str | Path, max_context: int = 4096, dtype: str | None =
             module = Qwen35(cfg, max_context, tap_layer_ids, streams, compute, state_slots=block_size)
         return load_weights(module, folder)
     with torch.device("meta"):
-        module = read_quantized(Qwen3(cfg, max_context, tap_layer_ids, streams, compute), folder, compute)
+        # tied before loading, as build_pair does: a packed embedding leaves lm_head its own (unread) weight
+        module = tie_embeddings(read_quantized(Qwen3(cfg, max_context, tap_layer_ids, streams, compute), folder,
+                                               compute))
     return _bits_on_load(load_weights(module, folder), bits, "--target-bits", cfg.dtype)
 
 

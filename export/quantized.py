@@ -11,7 +11,8 @@ The formats and their checks are dflash_iree/quant.py's; this file holds the tor
   float modules do;
 - `swap_quantized`: replaces a (meta) model's nn.Linear / nn.Embedding by them where the
   checkpoint stores a layer packed;
-- `quantize_on_load`: the MLX affine form of a loaded float model's linears (`--target-bits 4`).
+- `quantize_on_load`: the MLX affine form of a loaded float model's linears (`--target-bits 4`);
+  `swap_on_load`: the same layers' packed modules on the meta device, for the export.
 
 The reference's precision: the weight is dequantized in float32 from the stored integers and the
 stored scales, biases or zero points (w = scale * q + bias for MLX, w = scale * (q - zero_point)
@@ -200,6 +201,13 @@ def on_load_prefixes(module: nn.Module) -> list[str]:
             if isinstance(m, nn.Linear) and name != "lm_head" and m.in_features % ON_LOAD_GROUP == 0]
 
 
+def _on_load_layer(prefix: str, lin: nn.Linear) -> QuantLayer:
+    """The MLX 4-bit layer, group 64, quantize on load makes of the float linear `prefix`: the keys
+    an MLX-written checkpoint stores it under (`X.weight` packed, `X.scales`, `X.biases`)."""
+    return QuantLayer(prefix, lin.out_features, lin.in_features, QuantFormat(MLX, 4, ON_LOAD_GROUP),
+                      {"packed": f"{prefix}.weight", "scales": f"{prefix}.scales", "biases": f"{prefix}.biases"})
+
+
 def quantize_on_load(module: nn.Module, checkpoint_dtype: torch.dtype | None = None) -> list[str]:
     """Affine 4-bit, group 64 (dflash_iree/quant.py `quantize_affine`, MLX layout) of the float linears
     `on_load_prefixes` names, in place, from their loaded weights: the eager side of quantize on load.
@@ -217,9 +225,7 @@ def quantize_on_load(module: nn.Module, checkpoint_dtype: torch.dtype | None = N
         sdtype = checkpoint_dtype or w.dtype
         name = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}[sdtype]
         packed, scales, biases = quantize_affine(w.float().numpy().astype(numpy_dtype(name)), ON_LOAD_GROUP)
-        fmt = QuantFormat(MLX, 4, ON_LOAD_GROUP)
-        layer = QuantLayer(prefix, lin.out_features, lin.in_features, fmt,
-                           {"packed": f"{prefix}.weight", "scales": f"{prefix}.scales", "biases": f"{prefix}.biases"})
+        layer = _on_load_layer(prefix, lin)
         q = QuantLinear(layer, {layer.keys["scales"]: sdtype, layer.keys["biases"]: sdtype}, w.dtype)
         q.weight.data = torch.from_numpy(packed.view(np.int32).copy())
         q.scales.data = torch.from_numpy(scales.astype(np.float32)).to(sdtype)
@@ -228,5 +234,19 @@ def quantize_on_load(module: nn.Module, checkpoint_dtype: torch.dtype | None = N
     return prefixes
 
 
+def swap_on_load(module: nn.Module, checkpoint_dtype: torch.dtype, compute_dtype: torch.dtype) -> list[str]:
+    """The export side of quantize on load (`dflash-iree compile --target-bits 4`): swap, in place,
+    the (meta) module's linears `on_load_prefixes` names for `QuantLinear`s on the meta device, as
+    `swap_quantized` does for an MLX-written checkpoint of the same geometry: parameters `X.weight`
+    int32 [N, K / 8] (bound as MLX's u32 words), `X.scales` and `X.biases` [N, K / 64] in
+    `checkpoint_dtype` (the scales' dtype quantize_on_load keeps). The runtime makes those tensors
+    from the float checkpoint as it binds them (runtime/quantize_on_load.py). Returns the prefixes."""
+    prefixes = on_load_prefixes(module)
+    layers = {prefix: _on_load_layer(prefix, module.get_submodule(prefix)) for prefix in prefixes}
+    dtypes = {layer.keys[role]: checkpoint_dtype for layer in layers.values() for role in ("scales", "biases")}
+    swap_quantized(module, layers, dtypes, compute_dtype)
+    return prefixes
+
+
 __all__ = ["CT", "MLX", "QuantLinear", "QuantEmbedding", "dequantize", "float_shapes", "on_load_prefixes",
-           "quantize_on_load", "swap_quantized", "unpack"]
+           "quantize_on_load", "swap_on_load", "swap_quantized", "unpack"]

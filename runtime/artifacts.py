@@ -5,7 +5,7 @@ Checks made before any work, each with an error that names the file or field and
   dflash_iree/manifest.py), and every file it lists exists, with the recorded size and sha256;
 - the device's driver is the manifest's `driver` (an sm_89 module on `hip` is refused by name);
 - each checkpoint's 4-bit format (or float weights) is the one the module was compiled for (one
-  line naming both, `check_quantization`);
+  line naming both, `check_quantization`; a module compiled with --SCOPE-bits 4 takes a float one);
 - every parameter key the module needs is in the checkpoint with the recorded shape and dtype,
   all problems listed at once, with the `--dtype` to compile with when only the dtype differs;
   then the checkpoints' parsed config fields that the graph computes with against the manifest's
@@ -16,7 +16,9 @@ Weights are bound straight from the HF safetensors files: one `iree.runtime.Para
 checkpoint (scopes `target` and `drafter`), memory-mapped, never copied through Python objects. A
 4-bit checkpoint's packed tensors bind the same way, by key, as stored (MLX's uint32 words and
 compressed-tensors' int32 words, their float scales and biases or int32 zero points): the module
-dequantizes them in its graph (export/quantized.py).
+dequantizes them in its graph (export/quantized.py). A scope compiled with `--target-bits 4` /
+`--drafter-bits 4` binds its packed layers from tensors quantized from the float checkpoint, kept
+in a cache file (runtime/quantize_on_load.py), and its other tensors from the checkpoint.
 """
 
 from __future__ import annotations
@@ -125,20 +127,31 @@ class Artifacts:
     def vmfb(self) -> Path:
         return self.folder / self.manifest.module
 
+    def source_parameters(self, scope: str) -> dict:
+        """key -> {shape, dtype} of the tensors the `scope` checkpoint must hold: the manifest's
+        parameter table, or, for a scope quantized on load, the float weights its packed layers are
+        made from (runtime/quantize_on_load.py `source_parameters`; dtype a tuple: any float)."""
+        from .quantize_on_load import on_load, source_parameters
+
+        spec = on_load(self.manifest, scope)
+        table = self.manifest.parameters[scope]
+        return table if spec is None else source_parameters(table, spec)
+
     def check_checkpoint(self, scope: str, folder: str | Path) -> list[str]:
         """Problems between the module's `scope` parameters and the checkpoint at `folder` (empty: fits)."""
         index = index_checkpoint(folder)
         problems, only_dtype = [], True
-        for key, want in self.manifest.parameters[scope].items():
+        for key, want in self.source_parameters(scope).items():
             info = index.get(key)
+            dtypes = want["dtype"] if isinstance(want["dtype"], tuple) else (want["dtype"],)
             if info is None:
-                problems.append(f"  {scope} {key}: missing (expected {want['dtype']} {want['shape']})")
+                problems.append(f"  {scope} {key}: missing (expected {'/'.join(dtypes)} {want['shape']})")
                 only_dtype = False
             elif list(info.shape) != list(want["shape"]):
                 problems.append(f"  {scope} {key}: expected shape {want['shape']}, found {list(info.shape)} in {info.file.name}")
                 only_dtype = False
-            elif info.dtype != want["dtype"]:
-                problems.append(f"  {scope} {key}: expected dtype {want['dtype']}, found {info.dtype} in {info.file.name}")
+            elif info.dtype not in dtypes:
+                problems.append(f"  {scope} {key}: expected dtype {'/'.join(dtypes)}, found {info.dtype} in {info.file.name}")
         if problems and only_dtype:
             found = {i.dtype for i in index.values()}
             problems.append(f"{DTYPE_HINT} {'/'.join(sorted(found))} and the runtime binds its tensors as stored: "
@@ -148,11 +161,13 @@ class Artifacts:
 
     def check_quantization(self, scope: str, folder: str | Path) -> None:
         """The checkpoint's 4-bit format (its config.json, dflash_iree/quant.py) against the one the
-        module was compiled for (the manifest's `SCOPE.quantization`; none: float weights).
+        module was compiled for (the manifest's `SCOPE.quantization`; none: float weights; one
+        quantized on load: float weights, which the runtime quantizes).
 
         Raises:
-            DFlashError: one line, when they differ (a float checkpoint for a 4-bit module, another
-                format, group size or symmetry), naming both and the fix; or a format quant.py refuses.
+            DFlashError: one line, when they differ (a float checkpoint for a 4-bit module, a 4-bit
+                one for float weights or for quantize on load, another format, group size or
+                symmetry), naming both and the fix; or a format quant.py refuses.
         """
         import json
 
@@ -166,6 +181,13 @@ class Artifacts:
         fmt = quant.read_format(raw, path) if isinstance(raw, dict) else None
         have = fmt.to_dict() if fmt else None
         recorded = (getattr(self.manifest, scope).get("quantization") or None)
+        if recorded and recorded.get("on_load"):
+            if have is not None:
+                raise DFlashError(f"{scope} checkpoint {folder} holds {have['method']} {have['bits']}-bit weights but "
+                                  f"{self.folder / MANIFEST_FILE} was compiled to quantize a float {scope} on load "
+                                  f"(--{scope}-bits 4); pass the float {scope} checkpoint, or compile for this one: "
+                                  f"dflash-iree compile --arch {self.arch} --{scope} {folder} (without --{scope}-bits)")
+            return
         want = {k: recorded[k] for k in ("method", "bits", "group_size", "symmetric")} if recorded else None
         if have != want:
             def say(f):
@@ -206,8 +228,14 @@ class Artifacts:
         if problems:
             raise DFlashError(f"the checkpoints do not fit {self.folder}/manifest.json:\n" + _problem_lines(problems)
                               + _swapped_hint(self, target, drafter))
+        from .quantize_on_load import on_load, parameter_index
+
         indexes = {}
         for scope, folder in (("target", target), ("drafter", drafter)):
+            spec = on_load(self.manifest, scope)
+            if spec is not None:  # its packed layers made from the float checkpoint (or their cache)
+                indexes[scope] = parameter_index(rt, folder, spec, self.manifest.parameters[scope])
+                continue
             indexes[scope] = rt.ParameterIndex()
             for path in sorted({i.file for i in index_checkpoint(folder).values()}):
                 indexes[scope].load(str(path))  # memory-mapped

@@ -7,7 +7,7 @@ written by their own libraries (tests/quant_writers.py), quantize on load, and t
 - Drafted == plain at 4-bit (an MLX target, a drafter quantized on load), greedy and seeded, with
   the planted acceptance control that must fail.
 - Every refusal is one line with exit status 2, and a refused compile writes nothing (the compiled
-  4-bit path: tests/test_quant_compile.py).
+  4-bit path: tests/test_quant_compile.py; quantize on load compiled: tests/test_quantize_on_load.py).
 """
 
 from __future__ import annotations
@@ -78,6 +78,22 @@ def test_4bit_target_generates_the_dequantized_reference(qdirs, fmt, sampling):
     got = generate_plain(quantized, prompt, 24, sampling).tokens
     assert got == generate_plain(twin, prompt, 24, sampling).tokens
     assert got != generate_plain(plain, prompt, 24, sampling).tokens  # the 4-bit weights are what is read
+
+
+def test_tied_mlx_target_loads_with_its_packed_embedding_as_lm_head(tmp_path):
+    """mlx-lm writes a tied target without lm_head: the lm_head is the packed embedding, and the
+    target generates the tokens of the float target holding the library's dequantized embedding."""
+    tied = make_target(tmp_path / "tied", tie=True, dtype="bfloat16", seed=2)
+    mlx = write_mlx(tied, tmp_path / "mlx")
+    target = load_target(mlx, 64, "f32")
+    assert isinstance(target.lm_head, QuantLinear) and target.lm_head.weight is target.model.embed_tokens.weight
+    twin = load_target(tied, 64, "f32")
+    with torch.no_grad():
+        for name, w in library_dequantized(mlx).items():
+            twin.get_submodule(name).weight.copy_(w)
+    for sampling in SAMPLINGS.values():
+        assert generate_plain(target, [5, 17, 300, 2], 24, sampling).tokens == \
+            generate_plain(twin, [5, 17, 300, 2], 24, sampling).tokens
 
 
 def test_quantize_on_load_bound_and_layers(qdirs):
@@ -203,15 +219,6 @@ def test_other_bit_widths_are_refused_with_the_accepted_list(qdirs, option, caps
     out = tmp_path / "out"
     rc, _, err = cli(capsys, "compile", "--target", qdirs["bf16"], "--drafter", qdirs["drafter"], "--out", out, option, "8")
     assert_refused(rc, err, f"{option} 8 is not supported; accepted: 4")
-    assert not out.exists()
-
-
-def test_compile_of_bits_on_load_says_it_is_not_compiled_yet(qdirs, capsys, tmp_path):
-    """A 4-bit checkpoint compiles for the host (tests/test_quant_compile.py); quantize on load does not yet."""
-    out = tmp_path / "out"
-    rc, _, err = cli(capsys, "compile", "--target", qdirs["bf16"], "--target-bits", "4", "--drafter", qdirs["drafter"],
-                     "--out", out)
-    assert_refused(rc, err, "not compiled yet", "dflash-iree eager")
     assert not out.exists()
 
 

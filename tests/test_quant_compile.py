@@ -11,8 +11,8 @@ checkpoints (tests/quant_writers.py, via conftest's quant_dirs) compiled once pe
   the eager reference with that same bug (quantized.PLANTED = "no-bias"): the check sees a dequant
   that loses them;
 - the manifest's quantization records and parameter dtypes, the export cache key, and the refusals
-  (quantize on load; a GPU arch without the packed GEMM, f32 activations or scales there; a checkpoint
-  of another format: one line each, nothing written).
+  (a GPU arch without the packed GEMM, f32 activations or scales there; a checkpoint of another
+  format: one line each, nothing written). Quantize on load compiled: tests/test_quantize_on_load.py.
 """
 
 from __future__ import annotations
@@ -137,15 +137,6 @@ def test_bench_runs_on_a_4bit_module(quant_artifacts, tmp_path, capsys):
 
 
 # --- refusals ---------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("option", ["--target-bits", "--drafter-bits"])
-def test_compile_bits_on_load_is_refused(quant_dirs, option, capsys, tmp_path):
-    out = tmp_path / "out"
-    rc, _, err = cli(capsys, "compile", "--target", quant_dirs["float"], "--drafter", quant_dirs["drafter"],
-                     "--out", out, option, "4")
-    assert_refused(rc, err, f"{option} 4: quantize on load is not compiled yet", "dflash-iree eager")
-    assert len(err.strip().splitlines()) == 1 and not out.exists()
-
 
 @pytest.mark.parametrize("arch,extra,needles", [
     ("gfx1030", [], ["packed-weight GEMM kernel", "gfx1030", "--arch host"]),  # no GEMM kernel there
