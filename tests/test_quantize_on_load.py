@@ -31,7 +31,7 @@ import pytest
 import torch
 from badinput import assert_refused, cli
 from test_exactness import PROMPTS, SAMPLINGS
-from test_runtime import _kw
+from test_runtime import _kw, first_draft_topk
 
 from dflash_iree.checkpoint import sha256_file
 from dflash_iree.errors import DFlashError
@@ -191,15 +191,8 @@ def test_export_key_includes_quantize_on_load(target_dir, drafter_dir):
 def _first_draft_topk(engine, target, drafter, prompt):
     """The first round's draft top-K (T = 0.7, K = 8) of the compiled module and of the eager
     drafter: ((ids, log-probs) compiled, (ids, log-probs) eager), torch tensors [B - 1, 8]."""
-    gen = engine.generate(prompt, 3, temperature=0.7, seed=4, draft_top_k=8)
-    P, B = len(prompt), drafter.block_size
-    with torch.no_grad():
-        _, _, taps = target(torch.tensor([prompt]), torch.zeros(1, dtype=torch.int64), read_len=P, last_only=True)
-        drafter.absorb(taps, torch.zeros(1, dtype=torch.int64))
-        _, logits = drafter(target, torch.zeros(1, B, taps.shape[-1]), torch.tensor([P]), torch.tensor([0]),
-                            torch.tensor([gen.tokens[0]]), read_len=P + B)
-        ids, lps = drafter.top_k(logits, torch.tensor([0.7]), 8)
-    return tuple(torch.tensor(x) for x in gen.draft_top_k[0]), (ids[0], lps[0])
+    compiled, _, (ids, lps) = first_draft_topk(engine, target, drafter, prompt)
+    return compiled, (ids[0], lps[0])
 
 
 def _draft_matches(compiled, eager) -> bool:

@@ -145,11 +145,10 @@ def test_draft_top_k_leaves_decoding_unchanged(engine, name):
         at += kept + 1
 
 
-def test_draft_top_k_equals_eager_drafter(engine, eager):
-    """First round of a sampled request (T = 0.7): the compiled top-K against the eager drafter's
-    top_k at the request temperature; ids exact (ties only by kernels/topk/reference.py), log-probs 1e-4."""
-    target, drafter = eager
-    prompt = PROMPTS[1]
+def first_draft_topk(engine, target, drafter, prompt):
+    """The first round's draft of a sampled request (T = 0.7, K = 8), compiled and eager: ((ids,
+    log-probs) of the compiled module, torch [B - 1, 8]; the eager drafter's logits [1, B - 1, V]; its
+    top_k (ids, log-probs) [1, B - 1, 8])."""
     gen = engine.generate(prompt, 3, temperature=0.7, seed=4, draft_top_k=8)
     P, B = len(prompt), drafter.block_size
     with torch.no_grad():
@@ -157,8 +156,15 @@ def test_draft_top_k_equals_eager_drafter(engine, eager):
         drafter.absorb(taps, torch.zeros(1, dtype=torch.int64))
         _, logits = drafter(target, torch.zeros(1, B, taps.shape[-1]), torch.tensor([P]), torch.tensor([0]),
                             torch.tensor([gen.tokens[0]]), read_len=P + B)
-        want_ids, want_lps = drafter.top_k(logits, torch.tensor([0.7]), 8)
-    ids, lps = (torch.tensor(x) for x in gen.draft_top_k[0])
+        want = drafter.top_k(logits, torch.tensor([0.7]), 8)
+    return tuple(torch.tensor(x) for x in gen.draft_top_k[0]), logits, want
+
+
+def test_draft_top_k_equals_eager_drafter(engine, eager):
+    """First round of a sampled request (T = 0.7): the compiled top-K against the eager drafter's
+    top_k at the request temperature; ids exact (ties only by kernels/topk/reference.py), log-probs 1e-4."""
+    target, drafter = eager
+    (ids, lps), logits, (want_ids, want_lps) = first_draft_topk(engine, target, drafter, PROMPTS[1])
     s = score(logits[0].numpy(), 0.7, ids.numpy(), lps.numpy())
     assert s["id_mismatch"] == 0 and s["max_lp_err"] <= 1e-4, s
     assert torch.equal(ids, want_ids[0]) or s["tie_swap"] > 0
