@@ -227,7 +227,7 @@ template <int GM_MT, int U, int F, class WS>
 GM_FN void gm_round(gm_acc (&acc)[GM_MT][GM_CW], const unsigned short* __restrict__ x, const WS& w, int col_w,
                     const int (&ok)[GM_CW], int kk, int M, int K) {
   typename WS::template raw<F> wr[GM_CW][U];
-  const int lane = GM_TID() % GM_LANES; /* F > 1 only */
+  const int lane = GM_TID() % GM_LANES; /* used by F > 1 only */
   (void)lane;
 #pragma unroll
   for (int j = 0; j < U; ++j)

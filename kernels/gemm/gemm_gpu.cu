@@ -58,8 +58,13 @@
 #define GM_UQ(MT) 4
 #endif
 #define GM_BLOCK_LOOP 1 /* the plan may give a workgroup several column blocks (kernels/gemm.py) */
+#define GM_TN 8
 #define GM_KC 32
+#define GM_ACC_N 4
 typedef unsigned gm_u4 __attribute__((ext_vector_type(4)));
+typedef struct { float d[4]; } gm_acc;
+typedef struct { gm_u4 v; } gm_wfrag;
+typedef struct { gm_u4 lo, hi; } gm_xfrag; /* rows g and g + 8 */
 
 /* 16 bytes at p when ok, else zeros. Predicated inside the asm, so that a round's loads are
  * straight-line code rather than branches. W is streamed once (no L1 allocation); x is reread by
@@ -74,19 +79,12 @@ typedef unsigned gm_u4 __attribute__((ext_vector_type(4)));
 GM_LD4(gm_ld4_stream, "ld.global.nc.L1::no_allocate.v4.u32")
 GM_LD4(gm_ld4, "ld.global.nc.v4.u32")
 
-#define GM_TN 8
-#define GM_ACC_N 4
-typedef struct { float d[4]; } gm_acc;
-typedef struct { gm_u4 v; } gm_wfrag;
-typedef struct { gm_u4 lo, hi; } gm_xfrag; /* rows g and g + 8 */
-
 GM_FN void gm_load_w(gm_wfrag* f, const unsigned short* w, int col, int k, int K, int ok) {
   int lane = GM_TID() & 31;
   f->v = gm_ld4_stream(w + (long)(col + (lane >> 2)) * K + k + 8 * (lane & 3), ok);
 }
 #define GM_WLANE_V 8
 GM_FN void gm_wfrag_set(gm_wfrag* f, const unsigned (&pairs)[4]) { f->v = (gm_u4){pairs[0], pairs[1], pairs[2], pairs[3]}; }
-
 
 GM_FN void gm_load_x(gm_xfrag* f, const unsigned short* x, int row0, int k, int M, int K) {
   int lane = GM_TID() & 31;
