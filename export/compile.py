@@ -188,9 +188,13 @@ def _refuse_4bit_arch(p: "Plan", arch: Arch) -> None:
         return
     what = " and ".join(quantized)
     if not arch.has("gemm"):
+        on_load = [f"--{s}-bits" for s in quantized if p.quantization[s].on_load]
+        fix = (f"leave {' and '.join(on_load)} out for this arch" if on_load
+               else "compile a bf16 checkpoint for this arch")
         raise DFlashError(f"--arch {arch.name}: 4-bit {what} weights need the packed-weight GEMM kernel "
-                          f"(kernels/gemm), which {arch.name} has none of; compile them for --arch host, or compile "
-                          "a bf16 checkpoint for this arch")
+                          f"(kernels/gemm), which {arch.name} has none of; compile them for --arch host or an arch "
+                          f"with the kernel ({', '.join(kernel_archs('gemm', 'cuda') + kernel_archs('gemm', 'hip'))}), "
+                          f"or {fix}")
     if p.dtype != "bf16":
         raise DFlashError(f"--dtype {p.dtype}: 4-bit {what} weights on {arch.name} compute in bf16 (the packed-weight "
                           "GEMM's activations); pass --dtype bf16, or compile for --arch host")
