@@ -227,8 +227,6 @@ template <int GM_MT, int U, int F, class WS>
 GM_FN void gm_round(gm_acc (&acc)[GM_MT][GM_CW], const unsigned short* __restrict__ x, const WS& w, int col_w,
                     const int (&ok)[GM_CW], int kk, int M, int K) {
   typename WS::template raw<F> wr[GM_CW][U];
-  const int lane = GM_TID() % GM_LANES; /* used by F > 1 only */
-  (void)lane;
 #pragma unroll
   for (int j = 0; j < U; ++j)
 #pragma unroll
@@ -246,7 +244,8 @@ GM_FN void gm_round(gm_acc (&acc)[GM_MT][GM_CW], const unsigned short* __restric
         if (F == 1)
           gm_load_x(&xf, x, mt * 16, kk + j * GM_KC, M, K);
         else
-          gm_load_x_at(&xf, x, mt * 16, kk + j * F * GM_KC + gm_qlane_k<F>(lane) + h * 8 * GM_WQ, M, K);
+          gm_load_x_at(&xf, x, mt * 16, kk + j * F * GM_KC + gm_qlane_k<F>(GM_TID() % GM_LANES) + h * 8 * GM_WQ,
+                       M, K);
 #pragma unroll
         for (int c = 0; c < GM_CW; ++c) gm_mma(&acc[mt][c], &xf, &wf[c]);
       }
