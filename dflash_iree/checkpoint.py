@@ -34,13 +34,14 @@ ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "
 MAX_HEADER = 100_000_000  # the safetensors reference implementation's limit
 
 
-def _read_header(path: Path, metadata: dict | None = None) -> dict:
-    """The tensor entries of a safetensors file's JSON header, checked against the file's size.
+def _read_header(path: Path) -> tuple[dict, dict, int]:
+    """The tensor entries of a safetensors file's JSON header, checked against the file's size; its
+    `__metadata__` ({} when none); the file offset its data starts at.
 
     Format (huggingface/safetensors, "Format"): 8 bytes little-endian header length N, N bytes of
     JSON {key: {dtype, shape, data_offsets: [begin, end]}} (offsets into the data that follows), then
     the data. A file cut off mid-tensor (an interrupted download or copy) is caught here, by name,
-    before IREE maps it. The header's `__metadata__` goes into `metadata` when one is given.
+    before IREE maps it.
 
     Raises:
         DFlashError: unreadable file, a header that is not that JSON, or a tensor whose byte range
@@ -65,9 +66,7 @@ def _read_header(path: Path, metadata: dict | None = None) -> dict:
         bad(f"the header is not JSON: {e}")
     if not isinstance(header, dict):
         bad("the header is not a JSON object")
-    meta = header.pop("__metadata__", None)
-    if metadata is not None and isinstance(meta, dict):
-        metadata.update(meta)
+    metadata = header.pop("__metadata__", None)
     data = size - 8 - n
     for key, meta in header.items():
         try:
@@ -82,7 +81,7 @@ def _read_header(path: Path, metadata: dict | None = None) -> dict:
             bad(f"tensor {key}: data_offsets {[begin, end]} do not hold {meta['dtype']} {list(meta['shape'])}")
         if end > data:
             bad(f"tensor {key} ends at data byte {end} but the file holds {data} bytes of data: it was cut off")
-    return header
+    return header, metadata if isinstance(metadata, dict) else {}, 8 + n
 
 
 def read_safetensors(path: str | Path) -> tuple[dict[str, TensorInfo], dict, int]:
@@ -93,13 +92,10 @@ def read_safetensors(path: str | Path) -> tuple[dict[str, TensorInfo], dict, int
         DFlashError: as `_read_header`: unreadable, not that JSON, or cut off.
     """
     path = Path(path)
-    metadata: dict = {}
-    header = _read_header(path, metadata)
-    with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
+    header, metadata, start = _read_header(path)
     tensors = {key: TensorInfo(path, SAFETENSORS_DTYPES.get(m["dtype"], m["dtype"].lower()), tuple(m["shape"]),
                                tuple(m["data_offsets"])) for key, m in header.items()}
-    return tensors, metadata, 8 + n
+    return tensors, metadata, start
 
 
 def weight_files(folder: str | Path) -> list[Path]:
@@ -130,9 +126,7 @@ def index_checkpoint(folder: str | Path) -> dict[str, TensorInfo]:
     """Map every tensor key of a checkpoint folder to its file, dtype and shape (headers only)."""
     out: dict[str, TensorInfo] = {}
     for path in weight_files(folder):
-        for key, meta in _read_header(path).items():
-            dtype = SAFETENSORS_DTYPES.get(meta["dtype"], meta["dtype"].lower())
-            out[key] = TensorInfo(path, dtype, tuple(meta["shape"]), tuple(meta["data_offsets"]))
+        out.update(read_safetensors(path)[0])
     return out
 
 
