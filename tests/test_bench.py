@@ -68,3 +68,16 @@ def test_bench_refuses_bad_chat_rows(host_artifacts, target_dir, tmp_path):
                         str(no_template), "--prompts", str(ok)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "tokenizer_config.json has no chat_template" in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_draft_step_bench_runs_on_host_artifacts(hybrid_artifacts, tmp_path):
+    """bench/draft_step.py (issue 27's draft step against verify) on the tiny hybrid pair, host CPU."""
+    out = tmp_path / "draft_step.json"
+    r = subprocess.run([sys.executable, "bench/draft_step.py", "run", "--artifacts", str(hybrid_artifacts), "--json",
+                        str(out), "--device", "cpu", "--prompt-len", "40", "--rounds", "1", "--n", "3"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    a = json.loads(out.read_text())["artifacts"][hybrid_artifacts.name]
+    assert a["draft"]["n"] == a["verify"]["n"] == 3 and a["draft_over_verify"] > 0
+    r = subprocess.run([sys.executable, "bench/draft_step.py", "report", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0 and "| draft / verify |" in r.stdout

@@ -1,12 +1,16 @@
-"""Measure the Qwen3-8B + DFlash-b16 compile here: export once, then lower for each arch.
+"""Compile a pair from its config.json files alone (no weights): export once, then lower for each arch.
 
-    .venv/bin/python bench/compile_8b.py [--archs gfx1151 gfx1100 sm_89] [--json OUT.json]
+    .venv/bin/python bench/compile_from_config.py [--archs gfx1151 gfx1100 sm_89] [--json OUT.json]
+    .venv/bin/python bench/compile_from_config.py --target tests/fixtures/qwen3.5-27b \
+        --drafter tests/fixtures/qwen3.6-27b-dflash2 --archs sm_80 gfx1151 host --keep .gpu/27b
 
-Reads only tests/fixtures/qwen3-8b/config.json and tests/fixtures/qwen3-8b-dflash-b16/config.json
-(no weights: the modules are built on the meta device). Block 16, max_context 4096, bf16. The export
-runs without the export cache, so its time is a cold export. Prints the table of docs/benchmarks.md
-and writes the figures as JSON. A fresh `make compile ARCH=...` costs export + that arch's compile;
-a second arch for the same pair reuses the cached export.
+The default pair is tests/fixtures/qwen3-8b with tests/fixtures/qwen3-8b-dflash-b16 at block 16.
+The modules are built on the meta device; max_context 4096, bf16. The export runs without the
+export cache, so its time is a cold export. Prints the table of docs/benchmarks.md (compile time,
+.vmfb size, dispatches per entry point) and writes the figures as JSON. A fresh `make compile
+ARCH=...` costs export + that arch's compile; a second arch for the same pair reuses the cached
+export. `--keep DIR` keeps each arch's artifact folder as DIR-ARCH (weight-free: bind random weights
+to time them, as bench/speed_8b.py does).
 """
 
 from __future__ import annotations
@@ -28,6 +32,13 @@ TARGET = ROOT / "tests" / "fixtures" / "qwen3-8b"
 DRAFTER = ROOT / "tests" / "fixtures" / "qwen3-8b-dflash-b16"
 
 
+def _shown(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
 def _cpu() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -41,13 +52,22 @@ def _cpu() -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--archs", nargs="+", default=["gfx1151", "gfx1100", "sm_89"])
-    ap.add_argument("--json", default=str(ROOT / ".gpu" / "compile_8b.json"))
+    ap.add_argument("--target", type=Path, default=TARGET, help="the target's config folder")
+    ap.add_argument("--drafter", type=Path, default=DRAFTER, help="the drafter's config folder")
+    ap.add_argument("--block-size", type=int, default=None, help="default: the drafter's own")
+    ap.add_argument("--json", default=str(ROOT / ".gpu" / "compile_from_config.json"))
+    ap.add_argument("--keep", type=Path, default=None, help="keep each arch's artifacts as KEEP-ARCH")
     args = ap.parse_args()
 
     log = cc.Progress()
-    p = cc.plan(TARGET, DRAFTER, block_size=16, max_context=4096, dtype="bf16")
+    forms = {cc.resolve_arch(a)[0].attention for a in args.archs}
+    if len(forms) > 1:  # one export serves every arch of a run
+        sys.exit(f"--archs {' '.join(args.archs)}: these archs export different attention forms {sorted(forms)}; "
+                 "compile them in separate runs")
+    p = cc.plan(args.target, args.drafter, block_size=args.block_size, max_context=4096, dtype="bf16",
+                attention=forms.pop())
     result = {"machine": {"cpus": os.cpu_count(), "cpu": _cpu(), "load_at_start": os.getloadavg()},
-              "pair": {"target": str(TARGET.relative_to(ROOT)), "drafter": str(DRAFTER.relative_to(ROOT)),
+              "pair": {"target": _shown(args.target), "drafter": _shown(args.drafter),
                        "block_size": p.block_size, "max_context": p.max_context, "dtype": p.dtype},
               "archs": {}}
     with tempfile.TemporaryDirectory(prefix="compile-8b-") as work:
@@ -60,7 +80,8 @@ def main() -> int:
                             "entry_points": len(p.entries)}
         for arch in args.archs:
             t0 = time.perf_counter()
-            m = cc.lower(p, arch, mlir, work / arch, log)
+            out = Path(f"{args.keep}-{arch}") if args.keep else work / arch
+            m = cc.lower(p, arch, mlir, out, log)
             result["archs"][arch] = {
                 "compile_seconds": round(time.perf_counter() - t0, 1),
                 "vmfb_mib": round(m.stats["module_bytes"] / 2**20, 2),
@@ -75,15 +96,17 @@ def main() -> int:
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     e = result["export"]
-    print(f"\nQwen3-8B + DFlash-b16 (block 16, max_context 4096, bf16) on {result['machine']['cpus']} cores "
+    pair = result["pair"]
+    print(f"\n{pair['target']} + {pair['drafter']} (block {p.block_size}, max_context 4096, bf16) on {result['machine']['cpus']} cores "
           f"({result['machine']['cpu']}); export {e['seconds']:.0f} s, once for all archs\n")
-    print("| arch | compile | export + compile | .vmfb | executables | dispatches | per call: decode / verify / draft |")
+    names = list(next(iter(result["archs"].values()))["dispatches_per_call"])
+    print(f"| arch | compile | export + compile | .vmfb | executables | dispatches | per call: {' / '.join(names)} |")
     print("|---|---|---|---|---|---|---|")
     for arch, r in result["archs"].items():
         total = e["seconds"] + r["compile_seconds"]
         call = r["dispatches_per_call"]
         print(f"| {arch} | {r['compile_seconds']:.0f} s | {total:.0f} s ({total / 60:.1f} min) | {r['vmfb_mib']:.2f} MiB "
-              f"| {r['executables']} | {r['dispatches']} | {call['decode']} / {call['verify']} / {call['draft']} |")
+              f"| {r['executables']} | {r['dispatches']} | {' / '.join(str(call[n]) for n in names)} |")
     print(f"\nwritten to {args.json}")
     return 0
 
