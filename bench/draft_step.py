@@ -38,9 +38,9 @@ ROUNDS = 3
 DEV = "cuda"
 
 
-def _modules(torch, arts, dev: str):
-    """Target and drafter of one artifact on the GPU, random bf16, built as export/aot.py
-    `build_pair` builds them on the meta device for the compile."""
+def _modules(torch, arts, dev: str, with_target: bool):
+    """(target or None, drafter) of one artifact on `dev`, random, in the artifact's dtype, built
+    as export/aot.py `build_pair` builds them on the meta device for the compile."""
     from dflash_iree.config import load_drafter_config, load_target_config
     from dflash_iree.config_qwen35 import HybridConfig
     from dflash_iree.export.dflash2 import drafter_class
@@ -52,10 +52,11 @@ def _modules(torch, arts, dev: str):
     dcfg = load_drafter_config(arts.recorded_folder("drafter"), tcfg)
     B, C, attention = arts.block_size, arts.max_context, m.attention
     dtype = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}[m.dtype]
+    target = None
     with torch.device(dev):
-        if isinstance(tcfg, HybridConfig):
+        if with_target and isinstance(tcfg, HybridConfig):
             target = Qwen35(tcfg, C, dcfg.target_layer_ids, 1, dtype, attention=attention, state_slots=B)
-        else:
+        elif with_target:
             target = Qwen3(tcfg, C, dcfg.target_layer_ids, 1, dtype, attention=attention)
         drafter = drafter_class(dcfg)(dcfg, C, B, 1, dtype, attention=attention)
     if dcfg.dflash2 is not None:
@@ -118,14 +119,16 @@ def _run(args) -> int:
 
     folders = [WORK / name for name in args.artifacts]
     arts = [Artifacts.load(f) for f in folders]
+    if any(a.manifest.target["config"] != arts[0].manifest.target["config"] for a in arts):
+        sys.exit(f"--artifacts {' '.join(args.artifacts)}: their targets differ; compare drafters of one target")
     torch.manual_seed(0)
     gpu = torch.cuda.get_device_name(0) if args.device == "cuda" else "host CPU"
     keep, indexes, out = [], [], {"artifacts": {}, "gpu": gpu, "prompt_len": args.prompt_len}
     target_index = None
     t0 = time.perf_counter()
     for a in arts:
-        target, drafter = _modules(torch, a, args.device)
-        if target_index is None:  # every artifact binds the same target tensors
+        target, drafter = _modules(torch, a, args.device, with_target=target_index is None)
+        if target is not None:  # every artifact binds the same target tensors
             target_index, tbytes = _host_index(torch, target, keep)
             out["target_weight_gb"] = round(tbytes / 1e9, 2)
         drafter_index, dbytes = _host_index(torch, drafter, keep)
