@@ -76,10 +76,10 @@ def cmd_eager(args) -> int:
     from dflash_iree.config import load_target_config
 
     tcfg = load_target_config(args.target)
-    vocab, limit = tcfg.vocab_size, tcfg.max_position_embeddings
+    vocab, (limit, limit_why) = tcfg.vocab_size, tcfg.context_limit()
     if args.max_context is None:
         args.max_context = min(4096, limit)  # as compile's default
-    validate.integer(args.max_context, "--max-context", 2, limit, fix=f" (the target's max_position_embeddings is {limit})")
+    validate.integer(args.max_context, "--max-context", 2, limit, fix=f" ({limit_why} is {limit})")
     prompt = validate.token_ids(_encode_prompt(args.target, _arg_text(args.prompt, args.encoding, "--prompt"),
                                                args.prompt_ids), vocab)
     sampling = SamplingConfig(*validate.sampling(args.temperature, args.top_k, args.top_p, args.seed, vocab))

@@ -3,7 +3,9 @@
 Torch-free, so that the compiler front end and the runtime share one reading of a checkpoint
 folder. Field names follow Hugging Face's Qwen3 config and the published DFlash format
 (z-lab/dflash `dflash/model.py`): `dflash_config.target_layer_ids`, `dflash_config.mask_token_id`,
-`block_size` at the top level or inside `dflash_config`, `num_target_layers`.
+`block_size` at the top level or inside `dflash_config`, `num_target_layers`. RoPE: rope_theta, and
+YaRN scaling when `rope_scaling` / `rope_parameters` asks for it (dflash_iree/rope.py; other types are
+refused).
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import dflash2, quant, validate
+from . import dflash2, quant, rope, validate
 from .dflash2 import DFlash2Shape
 from .errors import DFlashError
 from .manifest import CONFIG_DTYPES as DTYPES  # a config's torch_dtype -> short name
+from .rope import YaRN
 
 SUPPORTED_FAMILIES = ("qwen3",)  # drafters' layers; targets also qwen3_5 / qwen3_5_text (config_qwen35.py)
 
@@ -37,6 +40,7 @@ class LayerShape:
     attention_bias: bool
     vocab_size: int
     dtype: str  # "bf16" | "f16" | "f32": the checkpoint's torch_dtype
+    yarn: YaRN | None = None  # YaRN RoPE scaling (dflash_iree/rope.py); None: plain RoPE
 
     @property
     def q_dim(self) -> int:
@@ -56,6 +60,18 @@ class TargetConfig(LayerShape):
     max_position_embeddings: int = 40960
     folder: str = ""
     raw: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def context_limit(self) -> tuple[int, str]:
+        """The longest context (tokens) to build for, and what sets it (for a refusal's message):
+        max_position_embeddings, or with YaRN original_max_position_embeddings x factor when that is
+        larger (vLLM's max_model_len rule for yarn: Qwen3's 32768 x 4 = 131072 over a
+        max_position_embeddings of 40960)."""
+        if self.yarn is not None:
+            scaled = int(self.yarn.original_max_position_embeddings * self.yarn.factor)
+            if scaled > self.max_position_embeddings:
+                return scaled, (f"YaRN's original_max_position_embeddings {self.yarn.original_max_position_embeddings}"
+                                f" x factor {self.yarn.factor:g}")
+        return self.max_position_embeddings, "the target's max_position_embeddings"
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -126,23 +142,6 @@ def _need(raw: dict, key: str, path: Path):
     return raw[key]
 
 
-def _rope_theta(raw: dict, path: Path) -> float:
-    # transformers >= 5 writes rope_parameters = {rope_type, rope_theta}; older files write rope_theta.
-    params = raw.get("rope_parameters") or {}
-    scaling = raw.get("rope_scaling") or {}
-    for where, rope in (("rope_parameters", params), ("rope_scaling", scaling)):
-        kind = rope.get("rope_type", rope.get("type", "default"))
-        if kind not in (None, "default"):
-            raise DFlashError(
-                f"{path}: {where}.rope_type '{kind}' is not implemented (only plain RoPE is); "
-                "use a checkpoint without RoPE scaling"
-            )
-    theta = params.get("rope_theta", raw.get("rope_theta"))
-    if theta is None:
-        raise DFlashError(f"{path}: neither 'rope_theta' nor 'rope_parameters.rope_theta' is set")
-    return float(theta)
-
-
 def _dtype(raw: dict, path: Path) -> str:
     name = raw.get("torch_dtype", raw.get("dtype", "float32"))
     if name not in DTYPES:
@@ -197,10 +196,11 @@ def _layer_shape(raw: dict, path: Path, sliding: bool = False) -> dict:
         num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
         head_dim=int(raw.get("head_dim") or hidden // heads),
         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-        rope_theta=_rope_theta(raw, path),
+        rope_theta=rope.rope_theta(raw, path),
         attention_bias=bool(raw.get("attention_bias", False)),
         vocab_size=int(_need(raw, "vocab_size", path)),
         dtype=_dtype(raw, path),
+        yarn=rope.rope_scaling(raw, path),
     )
 
 
@@ -222,8 +222,8 @@ def load_target_config(folder: str | Path) -> TargetConfig:
 
     Raises:
         DFlashError: the folder or config.json is missing, the family is not qwen3,
-            or a field is missing or unsupported (RoPE scaling, sliding-window layers, dtype, a 4-bit format
-            dflash_iree/quant.py does not read).
+            or a field is missing or unsupported (RoPE scaling other than YaRN, sliding-window layers, dtype,
+            a 4-bit format dflash_iree/quant.py does not read).
     """
     folder = Path(folder)
     path = folder / "config.json"

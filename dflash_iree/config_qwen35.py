@@ -14,11 +14,11 @@ The MoE sibling (`qwen3_5_moe`) and Qwen3-Next (`qwen3_next`) are refused by `re
 
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import rope
 from .config import TargetConfig
 from .errors import DFlashError
 
@@ -36,56 +36,6 @@ def refuse_family(family, path: Path) -> None:
     """Raise DFlashError naming `path` for a family this engine refuses on purpose (MoE, Qwen3-Next)."""
     if family in REFUSED_FAMILIES:
         raise DFlashError(f"{path}: model_type '{family}': {REFUSED_FAMILIES[family]}")
-
-
-@dataclass(frozen=True)
-class YaRN:
-    """YaRN RoPE scaling (Peng et al. 2023, arXiv:2309.00071): the fields transformers'
-    `modeling_rope_utils._compute_yarn_parameters` reads. The frequencies are computed in torch,
-    in float32 as there (export/qwen35_rope.py)."""
-
-    factor: float
-    original_max_position_embeddings: int
-    beta_fast: float = 32.0
-    beta_slow: float = 1.0
-    attention_factor: float | None = None
-    mscale: float | None = None
-    mscale_all_dim: float | None = None
-    truncate: bool = True
-
-    def cos_sin_scale(self) -> float:
-        """The factor cos and sin are multiplied by (0.1 ln(factor) + 1 unless set)."""
-        if self.attention_factor is not None:
-            return float(self.attention_factor)
-
-        def m(scale, ms=1.0):
-            return 1.0 if scale <= 1 else 0.1 * ms * math.log(scale) + 1.0
-
-        if self.mscale and self.mscale_all_dim:
-            return float(m(self.factor, self.mscale) / m(self.factor, self.mscale_all_dim))
-        return m(self.factor)
-
-
-def rope_scaling(params: dict, max_position_embeddings: int, path: Path) -> YaRN | None:
-    """The RoPE scaling of a `rope_parameters` (or older `rope_scaling`) dict: None for plain RoPE.
-
-    Raises:
-        DFlashError: a rope_type other than default and yarn, or a yarn dict without `factor`.
-    """
-    kind = params.get("rope_type", params.get("type", "default")) or "default"
-    if kind == "default":
-        return None
-    if kind != "yarn":
-        raise DFlashError(f"{path}: rope_parameters.rope_type '{kind}' is not implemented (plain RoPE and yarn are); "
-                          "use a checkpoint with one of those")
-    if params.get("factor") is None:
-        raise DFlashError(f"{path}: rope_parameters.factor is missing; YaRN needs it")
-    return YaRN(
-        factor=float(params["factor"]),
-        original_max_position_embeddings=int(params.get("original_max_position_embeddings") or max_position_embeddings),
-        beta_fast=float(params.get("beta_fast") or 32), beta_slow=float(params.get("beta_slow") or 1),
-        attention_factor=params.get("attention_factor"), mscale=params.get("mscale"),
-        mscale_all_dim=params.get("mscale_all_dim"), truncate=bool(params.get("truncate", True)))
 
 
 def text_fields(raw: dict, path: Path) -> tuple[dict, str, list[str]]:
@@ -159,7 +109,6 @@ class HybridConfig(TargetConfig):
     linear_value_head_dim: int = 128
     linear_conv_kernel_dim: int = 4
     partial_rotary_factor: float = 0.25
-    yarn: YaRN | None = None
     weight_prefix: str = "model."  # "model.language_model." for the qwen3_5 wrapper
 
     family = "qwen3_5"
@@ -219,10 +168,8 @@ def load_hybrid_config(folder: Path, raw: dict, eos_ids: tuple[int, ...]) -> Hyb
     heads = int(_need(text, "num_attention_heads", path))
     hidden = int(_need(text, "hidden_size", path))
     max_pos = int(text.get("max_position_embeddings", 32768))
-    params = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
-    theta = params.get("rope_theta", text.get("rope_theta"))
-    if theta is None:
-        raise DFlashError(f"{path}: neither 'rope_parameters.rope_theta' nor 'rope_theta' is set")
+    params, _ = rope.rope_dict(text)
+    theta = rope.rope_theta(text, path)
     partial = float(params.get("partial_rotary_factor", text.get("partial_rotary_factor", 0.25)))
     head_dim = int(text.get("head_dim") or hidden // heads)
     if not 0 < int(head_dim * partial) <= head_dim or int(head_dim * partial) % 2:
@@ -243,7 +190,7 @@ def load_hybrid_config(folder: Path, raw: dict, eos_ids: tuple[int, ...]) -> Hyb
         num_key_value_heads=int(text.get("num_key_value_heads") or heads),
         head_dim=head_dim,
         rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(theta),
+        rope_theta=theta,
         attention_bias=bool(text.get("attention_bias", False)),
         vocab_size=int(_need(text, "vocab_size", path)),
         dtype=_dtype(text, path),
@@ -259,6 +206,6 @@ def load_hybrid_config(folder: Path, raw: dict, eos_ids: tuple[int, ...]) -> Hyb
         linear_value_head_dim=int(text.get("linear_value_head_dim", 128)),
         linear_conv_kernel_dim=int(text.get("linear_conv_kernel_dim", 4)),
         partial_rotary_factor=partial,
-        yarn=rope_scaling(params, max_pos, path),
+        yarn=rope.rope_scaling(text, path),
         weight_prefix=prefix,
     )

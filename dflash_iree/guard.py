@@ -42,7 +42,10 @@ MANIFEST_FIELDS = ("format_version", "arch", "module", "files", "target", "draft
                    "dtype", "shapes", "entry_points", "parameters")
 # fields of config.py's parsed configs that change what the compiled graph computes
 LAYER_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                "head_dim", "rms_norm_eps", "rope_theta", "attention_bias", "vocab_size")
+                "head_dim", "rms_norm_eps", "rope_theta", "yarn", "attention_bias", "vocab_size")
+# fields an older manifest may lack, and what their absence means (compared all the same): a manifest
+# written before YaRN was read was compiled with plain RoPE
+ABSENT_MEANS = {"yarn": None}
 TARGET_FIELDS = LAYER_FIELDS + ("tie_word_embeddings",)
 DRAFTER_FIELDS = LAYER_FIELDS + ("mask_token_id", "target_layer_ids", "input_embedding_scale", "output_multiplier",
                                  "final_logit_softcapping", "dflash2")
@@ -130,10 +133,10 @@ def check_files(folder: Path, manifest: dict) -> None:
 def _differences(scope: str, fields, recorded: dict, found: dict, folder: Path) -> list[str]:
     out = []
     for k in fields:
-        want, got = recorded.get(k), found.get(k)
+        want, got = recorded.get(k, ABSENT_MEANS.get(k)), found.get(k)
         if isinstance(want, list) or isinstance(got, (list, tuple)):
             want, got = list(want or []), list(got or [])
-        if k in recorded and want != got:
+        if (k in recorded or k in ABSENT_MEANS) and want != got:
             out.append(f"  {scope} {k}: {got} in {folder}/config.json, {want} in the manifest")
     return out
 

@@ -113,12 +113,12 @@ def plan(target_dir: str | Path, drafter_dir: str | Path, block_size: int | None
     dcfg = load_drafter_config(drafter_dir, tcfg)
     formats = _check_4bit(tcfg, dcfg, target_bits, drafter_bits)
     block = dcfg.block(block_size, "--block-size")
-    limit = tcfg.max_position_embeddings
+    limit, limit_why = tcfg.context_limit()
     if max_context is None:  # 4096, or less when the target was trained on less (vLLM's max_model_len default)
         max_context = min(DEFAULT_CONTEXT, limit - limit % KV_PAGE)
     if not MIN_CONTEXT <= max_context <= limit or max_context % KV_PAGE:
         raise DFlashError(f"--max-context {max_context} is out of range: use a multiple of {KV_PAGE} from "
-                          f"{MIN_CONTEXT} to {limit} (the target's max_position_embeddings)")
+                          f"{MIN_CONTEXT} to {limit} ({limit_why})")
     dtype = dtype or tcfg.dtype
     if dtype not in COMPUTE_DTYPES:
         raise DFlashError(f"--dtype {dtype} is not supported; use bf16, f16 or f32")
@@ -291,7 +291,7 @@ def export_mlir(p: Plan, path: str | Path, log=None) -> Path:
 # (a list of names went stale: dflash2.py and draft_window.py were missing from it, and a cached
 # export outlived their edits), and the shared modules whose values it bakes in (shapes and page
 # size, dtype names, config parsing).
-_SHARED_SOURCES = ("config", "config_qwen35", "dflash2", "quant", "manifest")  # dflash_iree modules
+_SHARED_SOURCES = ("config", "config_qwen35", "rope", "dflash2", "quant", "manifest")  # dflash_iree modules
 
 
 def export_key(p: Plan) -> str:

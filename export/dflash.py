@@ -109,7 +109,7 @@ class DFlashDrafter(nn.Module):
         R = taps.shape[1]
         positions = start[:, None] + torch.arange(R, dtype=torch.int64, device=taps.device)
         ctx = self.hidden_norm(project(taps.to(self.norm.weight.dtype), [self.fc])[0])
-        cos, sin = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta, ctx.dtype)
+        cos, sin = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta, ctx.dtype, self.cfg.yarn)
         block_start = start + (R if n_valid is None else n_valid)
         rows = cache_rows(self.ctx_cache, draft_window.absorb_slots(positions, block_start, self.ring, self.block_size))
         # every layer's k and v projections of the one ctx as one named op (grouped dispatches)
@@ -166,7 +166,7 @@ class DFlashDrafter(nn.Module):
         x = target.model.embed_tokens(block) * self.cfg.input_embedding_scale
         x = x.to(self.norm.weight.dtype)
         positions = start[:, None] + torch.arange(B, dtype=torch.int64, device=anchor.device)
-        cos, sin = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
+        cos, sin = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta, x.dtype, self.cfg.yarn)
         windows = self.cfg.layer_windows or (0,) * len(self.layers)
         if self.ring is None and not any(windows):  # every layer full: one [S, 1, N] row of context visibility
             key_pos = torch.arange(read_len, dtype=torch.int64, device=anchor.device)

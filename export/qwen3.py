@@ -23,6 +23,7 @@ from torch import nn
 from dflash_iree.config import LayerShape, TargetConfig
 
 from . import ops
+from .rope import rope_tables  # noqa: F401  (cos, sin of positions, plain or YaRN; imported from here)
 from .sampling import Sampling, choose_tokens
 
 
@@ -129,14 +130,6 @@ class MLP(nn.Module):
     def add_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """residual + self(x), the MLP's half of a decoder layer (exported: two named ops)."""
         return project_residual(self.swiglu(x), self.down_proj, residual)
-
-
-def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [S, T, head_dim] for int64 positions [S, T] (NEOX layout: both halves share a frequency)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim))
-    freqs = positions[..., None].to(torch.float32) * inv_freq
-    emb = torch.cat([freqs, freqs], -1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -424,7 +417,7 @@ class Qwen3(nn.Module):
         read_len = self.max_context if read_len is None else read_len
         positions = start[:, None] + torch.arange(T, dtype=torch.int64, device=tokens.device)
         x = self.model.embed_tokens(tokens)
-        cos, sin = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta, x.dtype)
+        cos, sin = rope_tables(positions, self.cfg.head_dim, self.cfg.rope_theta, x.dtype, self.cfg.yarn)
         taps = {}
         cache = self.kv_cache if use_cache else None
         rows = cache_rows(cache, positions) if use_cache else None

@@ -179,7 +179,7 @@ def target_step_stream(target, tokens: torch.Tensor, stream: torch.Tensor, start
     pos = start + torch.arange(T, dtype=torch.int64, device=tokens.device)
     positions = pos[None, :]
     x = target.model.embed_tokens(tokens)
-    cos, sin = rope_tables(positions, cfg.head_dim, cfg.rope_theta, x.dtype)
+    cos, sin = rope_tables(positions, cfg.head_dim, cfg.rope_theta, x.dtype, cfg.yarn)
     key_pos = torch.arange(read_len, dtype=torch.int64, device=tokens.device)
     visible = key_pos[None, None, :] <= positions[:, :, None]
     rows = _slot_rows(cache, slot, pos)
@@ -208,7 +208,8 @@ def drafter_absorb_stream(drafter, taps: torch.Tensor, stream: torch.Tensor, sta
     R = taps.shape[1]
     pos = start + torch.arange(R, dtype=torch.int64, device=taps.device)
     ctx = drafter.hidden_norm(project(taps.to(drafter.fc.weight.dtype), [drafter.fc])[0])
-    cos, sin = rope_tables(pos[None, :], drafter.cfg.head_dim, drafter.cfg.rope_theta, ctx.dtype)
+    cos, sin = rope_tables(pos[None, :], drafter.cfg.head_dim, drafter.cfg.rope_theta, ctx.dtype,
+                           drafter.cfg.yarn)
     kv = project(ctx, [p for layer in drafter.layers for p in (layer.self_attn.k_proj, layer.self_attn.v_proj)])
     block_start = start + (R if n_valid is None else n_valid)
     slots = draft_window.absorb_slots(pos[None], block_start, drafter.ring, drafter.block_size)[0]

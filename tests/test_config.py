@@ -89,9 +89,12 @@ def test_missing_config(tmp_path):
 
 
 def test_rope_scaling_refused_by_name(target_copy):
-    _edit_config(target_copy, rope_parameters={"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0})
-    with pytest.raises(DFlashError, match="rope_type 'yarn' is not implemented"):
+    """YaRN is read (tests/test_yarn.py); other scaling types are refused by name."""
+    _edit_config(target_copy, rope_parameters={"rope_type": "linear", "rope_theta": 1e6, "factor": 4.0})
+    with pytest.raises(DFlashError, match=r"rope_parameters\.rope_type 'linear' is not implemented"):
         load_target_config(target_copy)
+    _edit_config(target_copy, rope_parameters={"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0})
+    assert load_target_config(target_copy).yarn.factor == 4.0
 
 
 def test_missing_tensor_named(target_copy):

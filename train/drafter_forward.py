@@ -39,13 +39,13 @@ def block_inputs(drafter, target: Qwen3, taps: torch.Tensor, seq: torch.Tensor, 
     wdtype = drafter.fc.weight.dtype
     ctx = drafter.hidden_norm(drafter.fc(taps.to(wdtype)))  # S, L, H
     ctx_pos = torch.arange(L, device=dev).expand(S, L)
-    cos_c, sin_c = rope_tables(ctx_pos, cfg.head_dim, cfg.rope_theta, ctx.dtype)
+    cos_c, sin_c = rope_tables(ctx_pos, cfg.head_dim, cfg.rope_theta, ctx.dtype, cfg.yarn)
 
     pos = (anchors[..., None] + torch.arange(B, device=dev)).reshape(S, A * B)
     block = torch.full((S, A, B), cfg.mask_token_id, dtype=torch.int64, device=dev)
     block[..., 0] = seq.gather(1, anchors)
     x = (target.model.embed_tokens(block.reshape(S, A * B)) * cfg.input_embedding_scale).to(wdtype)
-    cos_b, sin_b = rope_tables(pos, cfg.head_dim, cfg.rope_theta, x.dtype)
+    cos_b, sin_b = rope_tables(pos, cfg.head_dim, cfg.rope_theta, x.dtype, cfg.yarn)
 
     row_anchor = anchors.repeat_interleave(B, dim=1)  # S, A*B
     ctx_visible = ctx_pos[:, None, :] < row_anchor[:, :, None]  # S, A*B, L
