@@ -21,7 +21,9 @@ After a PROMPT_LEN prefill, in one process and alternated ROUNDS times over the 
 for DFlash2 the top-K and the selector's walk) and a round (draft, then verify), each a synchronous
 call as the runtime makes it. Then CUPTI's kernel times of each draft step (bench/common.py
 `cuda_profile`), which name the top-K dispatch, and of the first artifact's verify and of a plain
-decode step (the target's own: every artifact holds the same target).
+decode step (the target's own: every artifact holds the same target). For a drafter with a top-K
+dispatch in its draft step (DFlash2's selector), also the selector's share of the step from the
+CUDA timeline (`_selector_span`).
 """
 
 from __future__ import annotations
@@ -111,6 +113,44 @@ def _steps(pair, B: int, prompt_len: int, vocab: int) -> dict:
     return {"verify": verify, "draft": draft, "round": round_, "decode": decode}
 
 
+def _selector_span(fn, n: int = 10) -> dict | None:
+    """How much of a draft step its tail from the first top-K kernel on takes: the top-16, the
+    selector's walk and whatever the step does after them (DFlash2's draft step ends with the walk).
+    Medians over n profiled calls (torch.profiler, host and CUDA activity), in µs: the step's wall
+    time, from the first top-K kernel's start to the step's return (`tail_us`, what the step would
+    lose without them, launch gaps included) and to the last kernel's end (`tail_gpu_us`), and the
+    kernels in that tail. None when the step launches no top-K kernel."""
+    import json
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    fn()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            with record_function("dflash_step"):
+                fn()
+    with tempfile.TemporaryDirectory() as tmp:
+        prof.export_chrome_trace(f"{tmp}/t.json")
+        events = [e for e in json.loads(Path(f"{tmp}/t.json").read_text())["traceEvents"] if e.get("ph") == "X"]
+    launched = {e["args"]["correlation"]: e for e in events if e.get("cat") == "cuda_driver"
+                and e["name"].startswith("cuLaunch") and "correlation" in e.get("args", {})}
+    kernels = [e for e in events if e.get("cat") == "kernel" and e.get("args", {}).get("correlation") in launched]
+    rows = []
+    for st in (e for e in events if e["name"] == "dflash_step"):
+        t0, t1 = st["ts"], st["ts"] + st["dur"]
+        mine = sorted((k for k in kernels if t0 <= launched[k["args"]["correlation"]]["ts"] <= t1), key=lambda k: k["ts"])
+        first = next((i for i, k in enumerate(mine) if "topk" in k["name"].lower()), None)
+        if first is None:
+            return None
+        tail = mine[first:]
+        rows.append((st["dur"], t1 - tail[0]["ts"], max(k["ts"] + k["dur"] for k in tail) - tail[0]["ts"], len(tail),
+                     sum(k["dur"] for k in tail)))
+    med = [statistics.median(r[i] for r in rows) for i in range(5)]
+    return {"step_us": round(med[0], 1), "tail_us": round(med[1], 1), "tail_gpu_us": round(med[2], 1),
+            "tail_kernels": med[3], "tail_busy_us": round(med[4], 1), "tail_of_step": round(med[1] / med[0], 4)}
+
+
 def _run(args) -> int:
     import iree.runtime as rt  # noqa: F401
     import torch
@@ -162,6 +202,10 @@ def _run(args) -> int:
         rec["draft_over_verify"] = round(rec["draft"]["median_ms"] / rec["verify"]["median_ms"], 4)
         if args.device == "cuda":
             rec["draft_profile"] = cuda_profile(s["draft"], rec["draft"]["median_ms"], top=40)
+            try:  # the table must not be lost to the trace's parsing
+                rec["selector_span"] = _selector_span(s["draft"])
+            except Exception as e:  # noqa: BLE001
+                rec["selector_span_error"] = repr(e)[:300]
         print(f"{name}: verify {rec['verify']['median_ms']:.3f} ms, draft {rec['draft']['median_ms']:.3f} ms "
               f"({rec['draft_over_verify']:.3f} of verify), round {rec['round']['median_ms']:.3f} ms", flush=True)
     first, s = arts[0].vmfb.parent.name, steps[0]  # the target's own steps (every artifact has the same)
@@ -206,6 +250,12 @@ def _report(args) -> int:
         extra = base["draft"]["median_ms"] - o["draft"]["median_ms"]
         print(f"\n{names[0]} draft - {n} draft = {extra:.3f} ms = {extra / base['draft']['median_ms']:.3f} of "
               f"{names[0]}'s draft step")
+    for n in names:
+        span = r["artifacts"][n].get("selector_span")
+        if span:
+            print(f"\n{n}: from the first top-K kernel to the step's return {span['tail_us']:.1f} us of a "
+                  f"{span['step_us']:.1f} us profiled step ({span['tail_of_step']:.3f}); {span['tail_kernels']:.0f} "
+                  f"kernels, {span['tail_busy_us']:.1f} us busy, {span['tail_gpu_us']:.1f} us on the GPU's timeline")
     topk = [k for k in base.get("draft_profile", {"top": []})["top"] if "topk" in k["kernel"].lower()]
     for k in topk:
         print(f"top-K kernel {k['kernel'][:60]}: {k['ms']:.4f} ms a draft step "
