@@ -72,7 +72,7 @@ def as_float32(x: torch.Tensor) -> torch.Tensor:
     the lm_head in the host's decode graph and not in its verify graph, so decode took the argmax of
     unrounded logits and verify (and eager) of rounded ones, and parted at bf16 ties
     (experiments/2026-12-03-host-row-ops/). A bitcast cannot be folded away."""
-    if x.dtype != torch.bfloat16:
+    if x.dtype != torch.bfloat16 or x.requires_grad:  # training: the bit view has no gradient, and eager needs none
         return x.float()
     return (x.view(torch.int16).to(torch.int32) * 65536).view(torch.float32)  # int16 * 2^16 fits int32
 
