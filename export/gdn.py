@@ -16,8 +16,9 @@ Two forms of the recurrence, one result up to float rounding:
 - `recurrent_rule`, token by token: what decode and verify run, so that the state after a token is
   the same, bit for bit, whichever call saw it (row invariance), and each row's state is at hand
   for rollback (export/recurrent_state.py);
-- `chunked_rule`, chunks of 64 with the intra-chunk triangular system inverted by doubling
-  (exportable: no triangular solve, and log2(64) matmul steps where forward substitution unrolls 64): a long prefill's option, chosen by measurement
+- `chunked_rule`, chunks of 64 with the intra-chunk triangular system inverted by recursive block
+  inversion (`unit_lower_inverse`; exportable: no triangular solve, and log2(64) levels of matmuls
+  where forward substitution unrolls 64): a long prefill's option, chosen by measurement
   (experiments/2026-12-02-gdn-forms/).
 """
 
@@ -94,26 +95,37 @@ def recurrent_rule(q, k, v, beta, g, state: torch.Tensor) -> tuple[torch.Tensor,
 
 
 def unit_lower_inverse(lower: torch.Tensor) -> torch.Tensor:
-    """(I - L)^-1 for strictly lower triangular L [..., n, n], by doubling: L is nilpotent (L^n = 0),
-    so (I - L)^-1 = I + L + ... + L^(n-1) = (I + L)(I + L^2)(I + L^4)...(I + L^(2^(k-1))) with
-    2^k >= n: 2(k - 1) matmuls, where forward substitution takes n dependent row steps (each an op
-    of its own in an unrolled static graph: 6.6k dispatches a 64-row prefill on the host). Equal to
-    forward substitution up to float rounding (about 1e-6 at n = 64 in float32)."""
+    """(I - L)^-1 for strictly lower triangular L [..., n, n] (n a power of two), by recursive block
+    inversion: with the inverses X_A, X_D of two diagonal blocks of size s, the block of size 2s
+    has the inverse [[X_A, 0], [X_D L_C X_A, X_D]] (L_C its lower-left block of L). log2(n) levels
+    of two batched matmuls each, where forward substitution takes n dependent row steps (each an
+    op of its own in an unrolled static graph: 6.6k dispatches a 64-row prefill on the host).
+
+    Why not the power series I + L + L^2 + ... by doubling, which this replaced: its terms grow
+    like binomials when a chunk's keys are alike (trained models' are) and cancel to an O(1)
+    inverse, so float32 lost everything: 7.7e3 off at key correlation 0.5 where this form is
+    within float rounding of forward substitution (tests/test_gdn_inverse.py)."""
     n = lower.shape[-1]
-    eye = torch.eye(n, dtype=lower.dtype, device=lower.device)
-    out, power, span = eye + lower, lower, 2
-    while span < n:
-        power = power @ power
-        out = out @ (eye + power)
-        span *= 2
-    return out
+    lead = lower.shape[:-2]
+    inv = torch.ones(*lead, n, 1, 1, dtype=lower.dtype, device=lower.device)  # [..., n / s, s, s] at s = 1
+    s = 1
+    while s < n:
+        m = n // (2 * s)
+        blocks = torch.diagonal(lower.reshape(*lead, m, 2 * s, m, 2 * s), dim1=-4, dim2=-2)  # [..., 2s, 2s, m]
+        lower_left = blocks.movedim(-1, -3)[..., s:, :s]  # [..., m, s, s]
+        x_a, x_d = inv[..., 0::2, :, :], inv[..., 1::2, :, :]
+        top = torch.cat([x_a, torch.zeros_like(x_a)], -1)
+        bottom = torch.cat([x_d @ lower_left @ x_a, x_d], -1)
+        inv = torch.cat([top, bottom], -2)
+        s *= 2
+    return inv[..., 0, :, :]
 
 
 def chunked_rule(q, k, v, beta, g, state: torch.Tensor, chunk: int = CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
     """The rule over chunks of `chunk` tokens (`prepare`d inputs), as transformers'
     `torch_chunk_gated_delta_rule` (the "UT transform" of DeltaNet, arXiv:2406.06484), with the unit
-    lower triangular system of each chunk inverted by doubling (`unit_lower_inverse`) where
-    transformers' export branch runs forward substitution.
+    lower triangular system of each chunk inverted by recursive block inversion
+    (`unit_lower_inverse`) where transformers' export branch runs forward substitution.
 
     Returns o [S, Hv, T, dv] f32 and the state after the last token.
     """
