@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dflash_iree.config import DrafterConfig, TargetConfig, load_drafter_config, load_target_config
+from dflash_iree.export import gdn as gdn_module
 from dflash_iree.export import qwen3 as qwen3_module
 
 VOCAB_SIZE, EOS_ID, MASK_ID = 8192, 0, 1
@@ -218,8 +219,21 @@ def sdpa_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torc
     return out.transpose(1, 2).reshape(S, T, Hq * hd)
 
 
+def float32_rule(rule: Callable) -> Callable:
+    """A Gated DeltaNet rule of export/gdn.py run with autocast off: the rule is float32 in the
+    modules (eager and compiled), and bf16 autocast would run its matmuls, the chunk's triangular
+    inverse among them, in bf16. Tensor arguments are made float32 (the state already is)."""
+
+    def run(*args, **kwargs):
+        with torch.autocast(args[0].device.type, enabled=False):
+            return rule(*(a.float() if isinstance(a, torch.Tensor) else a for a in args), **kwargs)
+
+    return run
+
+
 def use_sdpa(causal_hint: bool = False) -> None:
-    """Route the modules' attention through SDPA in this process (training only; export/ is untouched)."""
+    """Route the modules' attention through SDPA in this process, and run the hybrid target's
+    DeltaNet rules in float32 under autocast (`float32_rule`) (training only; export/ is untouched)."""
     global CAUSAL_HINT
     CAUSAL_HINT = causal_hint
     # cuDNN attention builds a plan per new shape: decoding, whose key length grows every step,
@@ -228,6 +242,11 @@ def use_sdpa(causal_hint: bool = False) -> None:
         torch.backends.cuda.enable_cudnn_sdp(False)
     # both models look `attend` up in export/qwen3.py when they run (`attention_fn`)
     qwen3_module.attend = sdpa_attend
+    # GatedDeltaNet.forward looks its rules up in export/gdn.py when it runs
+    if not getattr(gdn_module.chunked_rule, "float32", False):
+        for name in ("chunked_rule", "recurrent_rule"):
+            setattr(gdn_module, name, float32_rule(getattr(gdn_module, name)))
+            getattr(gdn_module, name).float32 = True
 
 
 def save_sharded(tensors: dict[str, torch.Tensor], folder: Path, max_bytes: int = 15_000_000,
