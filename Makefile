@@ -19,13 +19,18 @@ test: setup
 	$(PY) -m pytest -q
 
 # Compile the demo pair for the host CPU (once; again when a source or the pair changes), then decode a
-# held-out code prompt plain and with DFlash: the text, tau and tok/s of each.
-DEMO_ARTIFACTS := compiled/host/manifest.json
-$(DEMO_ARTIFACTS): $(VENV)/.installed $(wildcard export/*.py kernels/*.py kernels/*/*.py kernels/objects/* dflash_iree/arch.py dflash_iree/config.py dflash_iree/manifest.py models/demo/*/config.json)
-	$(PY) -m dflash_iree compile --arch host --target models/demo/target --drafter models/demo/drafter
+# held-out code prompt plain and with DFlash: the text, tau and tok/s of each. `make demo PAIR=qwen35`
+# does the same with the hybrid pair models/demo-qwen35 (Gated DeltaNet target), compiled into
+# compiled/host-qwen35 so that the two pairs' artifacts sit side by side.
+PAIR ?=
+DEMO_MODELS := models/demo$(if $(PAIR),-$(PAIR))
+DEMO_OUT := compiled/host$(if $(PAIR),-$(PAIR))
+DEMO_ARTIFACTS := $(DEMO_OUT)/manifest.json
+$(DEMO_ARTIFACTS): $(VENV)/.installed $(wildcard export/*.py kernels/*.py kernels/*/*.py kernels/objects/* dflash_iree/arch.py dflash_iree/config.py $(if $(PAIR),dflash_iree/config_qwen35.py) dflash_iree/manifest.py $(DEMO_MODELS)/*/config.json)
+	$(PY) -m dflash_iree compile --arch host --target $(DEMO_MODELS)/target --drafter $(DEMO_MODELS)/drafter $(if $(PAIR),--out $(DEMO_OUT))
 
 demo: $(DEMO_ARTIFACTS)
-	$(PY) -m dflash_iree demo --artifacts compiled/host
+	$(PY) -m dflash_iree demo --artifacts $(DEMO_OUT)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

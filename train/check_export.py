@@ -1,9 +1,12 @@
 """CPU check of the committed checkpoints: the formats load where they must, and agree.
 
     .venv/bin/python train/check_export.py --models models/demo
+    .venv/bin/python train/check_export.py --models models/demo-qwen35
 
-- the target loads in `transformers` as Qwen3ForCausalLM and its float32 logits equal those of
-  our `load_target` module on held-out text (also the tokenizer loads with AutoTokenizer);
+- the target loads in `transformers` (Qwen3ForCausalLM, or Qwen3_5ForCausalLM for the hybrid's
+  qwen3_5_text) and its float32 logits equal those of our `load_target` module on held-out text,
+  cache-free and through the cache (a hybrid's: the chunked delta rule and its state) (also the
+  tokenizer loads with AutoTokenizer);
 - every drafter folder loads with our `load_pair`, and one greedy DFlash generation equals the
   plain one token for token.
 Exits non-zero on a failure.
@@ -12,6 +15,7 @@ Exits non-zero on a failure.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -28,14 +32,16 @@ def main() -> int:
     ap.add_argument("--models", default="models/demo")
     ap.add_argument("--data", default=".train-data")
     args = ap.parse_args()
-    from transformers import AutoTokenizer, Qwen3ForCausalLM
+    from transformers import AutoTokenizer, Qwen3_5ForCausalLM, Qwen3ForCausalLM
 
     models = Path(args.models)
     tdir = models / "target"
     ok = True
     ids = torch.from_numpy(np.fromfile(Path(args.data) / "heldout.bin", dtype=np.uint16)[1000:1256].astype(np.int64))[None]
 
-    hf = Qwen3ForCausalLM.from_pretrained(tdir, torch_dtype=torch.float32).eval()
+    hybrid = json.loads((tdir / "config.json").read_text())["model_type"] == "qwen3_5_text"
+    hf_class = Qwen3_5ForCausalLM if hybrid else Qwen3ForCausalLM
+    hf = hf_class.from_pretrained(tdir, dtype=torch.float32).eval()
     ours = load_target(tdir, max_context=512, dtype="f32")
     with torch.no_grad():
         ref = hf(ids).logits

@@ -25,7 +25,17 @@ from dflash_iree.export import qwen3 as qwen3_module
 
 VOCAB_SIZE, EOS_ID, MASK_ID = 8192, 0, 1
 SEQ_LEN = 512  # target training context, also max_position_embeddings
-TAP_LAYERS = [1, 3, 5]  # every other layer of the 6-layer target, the last one included (see MODEL_CARD)
+
+
+def tap_layers(num_layers: int) -> list[int]:
+    """The decoder layers a demo drafter taps: every other layer, counted back from the last one,
+    which is always included ([1, 3, 5] of the 6-layer Qwen3 target, see its MODEL_CARD; [1, 3, 5, 7]
+    of the 8-layer hybrid). The last tap is the final-norm hidden state (HF's hidden_states[L]), so
+    the target's own logits are lm_head(last tap) (train_drafter.py `target_logits`)."""
+    return list(range((num_layers - 1) % 2, num_layers, 2))
+
+
+TAP_LAYERS = tap_layers(6)  # the 6-layer Qwen3 demo target's
 
 
 def target_config_dict() -> dict:
@@ -67,24 +77,25 @@ def target_config_dict() -> dict:
 DEMO_DFLASH2 = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 64, "selector_top_k": 16}
 
 
-def drafter_config_dict(block_size: int, dflash2: bool = False) -> dict:
+def drafter_config_dict(block_size: int, dflash2: bool = False, target: dict | None = None) -> dict:
     """A demo drafter's `config.json` in the published DFlash format (2 layers, ~3.0M parameters),
-    or with `dflash2` the DFlash2 format (DEMO_DFLASH2's fields added)."""
-    cfg = _v1_drafter_config_dict(block_size)
+    or with `dflash2` the DFlash2 format (DEMO_DFLASH2's fields added). `target` is the target's
+    config.json (default: the Qwen3 demo target's): it sets hidden_size, num_target_layers and the
+    taps (`tap_layers`)."""
+    cfg = _v1_drafter_config_dict(block_size, target or target_config_dict())
     if dflash2:
         cfg["architectures"] = ["DFlash2DraftModel"]
         cfg["dflash_config"].update(DEMO_DFLASH2)
     return cfg
 
 
-def _v1_drafter_config_dict(block_size: int) -> dict:
-    t = target_config_dict()
+def _v1_drafter_config_dict(block_size: int, t: dict) -> dict:
     layers = 2
     return {
         "architectures": ["DFlashDraftModel"],
         "model_type": "qwen3",
         "block_size": block_size,
-        "dflash_config": {"mask_token_id": MASK_ID, "target_layer_ids": list(TAP_LAYERS)},
+        "dflash_config": {"mask_token_id": MASK_ID, "target_layer_ids": tap_layers(t["num_hidden_layers"])},
         "num_target_layers": t["num_hidden_layers"],
         "num_hidden_layers": layers,
         "hidden_size": t["hidden_size"],
@@ -110,14 +121,26 @@ def generation_config_dict() -> dict:
     return {"eos_token_id": EOS_ID, "pad_token_id": EOS_ID, "do_sample": False}
 
 
-def parse_configs(block_size: int = 8, dflash2: bool = False) -> tuple[TargetConfig, DrafterConfig]:
-    """The demo configs read through the project's own config readers (same path as inference)."""
+def target_dict(folder: Path | None = None) -> dict:
+    """The config.json of a target weights folder: the folder's own when it has one
+    (train_target_qwen35.py writes it; a packaged target has it), else the Qwen3 demo target's
+    (train_target.py writes weights only)."""
+    path = Path(folder) / "config.json" if folder is not None else None
+    return json.loads(path.read_text()) if path is not None and path.is_file() else target_config_dict()
+
+
+def parse_configs(block_size: int = 8, dflash2: bool = False,
+                  target: dict | None = None) -> tuple[TargetConfig, DrafterConfig]:
+    """The demo configs read through the project's own config readers (same path as inference):
+    the target of config dict `target` (default: the Qwen3 demo target's; a qwen3_5_text dict gives
+    a `HybridConfig`) and its drafter of `block_size`."""
+    target = target or target_config_dict()
     with tempfile.TemporaryDirectory() as tmp:
         t, d = Path(tmp, "target"), Path(tmp, "drafter")
         t.mkdir(), d.mkdir()
-        (t / "config.json").write_text(json.dumps(target_config_dict()))
+        (t / "config.json").write_text(json.dumps(target))
         (t / "generation_config.json").write_text(json.dumps(generation_config_dict()))
-        (d / "config.json").write_text(json.dumps(drafter_config_dict(block_size, dflash2)))
+        (d / "config.json").write_text(json.dumps(drafter_config_dict(block_size, dflash2, target)))
         tcfg = load_target_config(t)
         return tcfg, load_drafter_config(d, tcfg)
 

@@ -1,6 +1,10 @@
 """Evaluate the committed demo pair with the eager reference on the CPU.
 
     .venv/bin/python train/evaluate.py --models models/demo --out train/results/eval.json
+    .venv/bin/python train/evaluate.py --models models/demo-qwen35 --out train/results/eval_qwen35.json
+
+The target is whatever MODELS/target's config.json names (`load_target`/`load_pair`): the Qwen3
+demo target or the hybrid (qwen3_5_text) one, whose cache-free forward runs the chunked delta rule.
 
 - target: held-out loss and perplexity of the shipped (bf16) weights, computed in float32 over
   non-overlapping 512-token windows of the held-out stream (the device log's number is the same

@@ -1,14 +1,29 @@
-"""Train DFlash drafters (block 8 and 16) against the frozen demo target (the device script of stage 2).
+"""Train DFlash drafters (block 8 and 16) against a frozen demo target (the device script of stage 2).
 
     python3 train/train_drafter.py --data .train-data --target $OUT/target --out $OUT --seed 0
 
+The target is built from --target's config.json (`common.target_dict`): `export.qwen3.Qwen3` for
+model_type qwen3 (the 6-layer demo target; train_target.py writes no config.json, which means this
+one), `export.qwen35.Qwen35` for qwen3_5_text (the 8-layer hybrid demo target of
+train_target_qwen35.py). The taps are `common.tap_layers` of its depth, every other layer counted
+back from the last: [1, 3, 5] of the 6-layer target, [1, 3, 5, 7] of the hybrid. For the hybrid
+that is the same rule as the shipped pair (not [1, 4, 7]): it taps both gated attention layers (3,
+7) and two Gated DeltaNet layers (1, 5), and keeps the last layer (the final-norm state), which
+`target_logits` needs; one more tap costs the drafter only fc's 384 extra input columns.
+
 1. Data: the drafter must predict what the *target* will say, so it learns from the target's own
-   continuations (--new-tokens each, KV-cached `export.qwen3.Qwen3`, prompts of different
-   lengths batched): greedy, and with --sampled F that fraction of the batches sampled at T = 1
+   continuations (--new-tokens each, KV-cached target, prompts batched): greedy, and with --sampled F that fraction of the batches sampled at T = 1
    (what the target says when a request samples). Half the prompts are function headers + docstrings of the train files
    (the form of bench/prompts/code.jsonl), half random windows of the train stream. Labels after
    a generated <|endoftext|> are void (decoding stops there). The held-out files' function
    prompts, continued the same way, measure progress.
+   A Qwen3 target batches prompts of different lengths (right-padded; the KV cache's pad rows are
+   overwritten before they are seen). A hybrid target cannot: its DeltaNet state would absorb the
+   pad tokens for good. So for it every generation batch has prompts of one length
+   (`equal_length_groups`: each batch split by length, a prompt cut from the left by at most
+   --max-cut of its length, keeping its end), and the function-prompt batches are sorted by
+   length first (`sort_function_batches`) so that few groups result. train/check_greedy.py checks
+   that batched greedy continuation equals one prompt at a time for both targets.
 2. Taps: one cache-free target forward over each pooled sequence gives the taps (outputs of
    decoder layers TAP_LAYERS), kept on the GPU.
 3. Training: per step, --batch sequences and --anchors random anchors in each sequence's
@@ -32,17 +47,49 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dflash_iree.config_qwen35 import HybridConfig
 from dflash_iree.export.dflash2 import drafter_class
 from dflash_iree.export.qwen3 import Qwen3
+from dflash_iree.export.qwen35 import Qwen35
 
-from common import (EOS_ID, TAP_LAYERS, adamw, file_metadata, init_dflash2, init_weights, load_tensors, lr_at, optimizer_step,
-                    param_state, parse_configs, save_sharded, train, use_sdpa)
+from common import (EOS_ID, adamw, file_metadata, init_dflash2, init_weights, load_tensors, lr_at, optimizer_step,
+                    param_state, parse_configs, save_sharded, tap_layers, target_dict, train, use_sdpa)
 from drafter2_forward import block_logits2, selector_loss
 from drafter_forward import block_logits, block_loss
 
 # Position weight exp(-(k-1)/gamma): about the chance that position k is reached at all when
 # each draft is accepted with probability ~0.8 (0.8**(k-1) = exp(-(k-1)/4.5)).
 GAMMA = {8: 4.0, 16: 5.0}
+
+
+def frozen_target(folder: Path, dtype: torch.dtype, device):
+    """The frozen target of a weights folder, built from its config.json (`common.target_dict`)
+    through the project's config readers, tapping `common.tap_layers` of its depth.
+
+    Returns (make_target(streams, context) -> a fresh eval-mode Qwen3 or Qwen35 with the weights in
+    `dtype` and a cache of that shape, the config dict, the parsed TargetConfig / HybridConfig).
+    """
+    tconfig = target_dict(folder)
+    tcfg, _ = parse_configs(target=tconfig)
+    taps = tap_layers(tcfg.num_hidden_layers)
+    weights = {k: v.to(dtype) for k, v in load_tensors(folder).items()}
+
+    def make_target(streams: int, context: int) -> Qwen3 | Qwen35:
+        # the KV cache's shape fixes the generation batch and length, hence one module per batch
+        if isinstance(tcfg, HybridConfig):
+            # one state slot: generation runs a prefill (which keeps its last state) and then one
+            # token per call, never rolling back; 16 slots of 4096 streams would take ~38 GB
+            t = Qwen35(tcfg, context, taps, streams=streams, dtype=dtype, device=device, attention="fused",
+                       state_slots=1)
+        else:
+            t = Qwen3(tcfg, context, taps, streams=streams, dtype=dtype, device=device)
+        missing, unexpected = t.load_state_dict(weights, strict=False)
+        if unexpected or any(not k.endswith("lm_head.weight") for k in missing):  # lm_head is tied
+            raise SystemExit(f"{folder}: the weights do not fit its {tconfig['model_type']} config: "
+                             f"missing {missing[:4]}, unexpected {unexpected[:4]}")
+        return t.requires_grad_(False).eval()
+
+    return make_target, tconfig, tcfg
 
 
 def load_prompt_set(path: Path) -> list[torch.Tensor]:
@@ -60,7 +107,9 @@ def greedy_batch(make_target, prompts: list[torch.Tensor], new_tokens: int, devi
 
     Prompts are right-padded to the longest (T) and prefilled together; stream s then decodes at
     its own positions len_s, len_s + 1, ... (`start` is per stream). Pad rows in the KV cache sit
-    at positions >= len_s, which the causal mask hides until decoding overwrites them.
+    at positions >= len_s, which the causal mask hides until decoding overwrites them. That holds
+    for a KV cache only: a hybrid target's recurrent state after the prefill has absorbed the pad
+    rows, so its prompts must all have one length (`equal_length_groups`).
 
     Returns:
         seq int64 [S, T + new_tokens]: prompt, then the continuation, then padding (EOS_ID);
@@ -92,10 +141,41 @@ def greedy_batch(make_target, prompts: list[torch.Tensor], new_tokens: int, devi
     return seq, lens
 
 
+def equal_length_groups(prompts: list[torch.Tensor], max_cut: float) -> list[list[torch.Tensor]]:
+    """Prompts of one batch in groups of one length each (for a recurrent target, see `greedy_batch`).
+
+    Longest first, a group takes prompts while the shortest is >= (1 - max_cut) * its longest;
+    then every prompt of the group is cut from the left to the group's shortest length, so it keeps
+    its end (what the continuation depends on most; the target was trained on windows that start
+    anywhere). Returns the groups, lists of int64 tensors of one length; the order is not kept.
+    """
+    groups: list[list[torch.Tensor]] = []
+    for p in sorted(prompts, key=len, reverse=True):
+        if not groups or len(p) < (1 - max_cut) * len(groups[-1][0]):
+            groups.append([])
+        groups[-1].append(p)
+    return [[p[len(p) - len(g[-1]):] for p in g] for g in groups]
+
+
+def sort_function_batches(batches: list[list[torch.Tensor]]) -> list[list[torch.Tensor]]:
+    """`prompt_batches`' function-prompt batches (the even ones) with their prompts re-dealt in
+    order of length (batch 0 the shortest, ...), so that `equal_length_groups` makes few groups
+    and cuts little. The same prompts, the same batch sizes; the window batches are unchanged."""
+    even = sorted((p for b in batches[::2] for p in b), key=len)
+    out, i = [], 0
+    for k, b in enumerate(batches):
+        if k % 2 == 0:
+            b, i = even[i:i + len(b)], i + len(b)
+        out.append(b)
+    return out
+
+
 def greedy_pool(make_target, batches: list[list[torch.Tensor]], new_tokens: int, device, sampled: float = 0.0,
-                gen: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+                gen: torch.Generator | None = None, max_cut: float | None = None) -> dict[str, torch.Tensor]:
     """Continuations of every prompt batch, padded to one length: greedy, and sampled at T = 1
-    (from `gen`) for every batch i with floor((i + 1) * sampled) > floor(i * sampled).
+    (from `gen`) for every batch i with floor((i + 1) * sampled) > floor(i * sampled). With
+    `max_cut` (a recurrent target) each batch runs as `equal_length_groups(batch, max_cut)`, whose
+    prompt_len are the cut lengths.
 
     Returns:
         seq int64 [n, L]; prompt_len int64 [n]; valid_len int64 [n]: prompt_len + new_tokens,
@@ -104,9 +184,10 @@ def greedy_pool(make_target, batches: list[list[torch.Tensor]], new_tokens: int,
     seqs, lens = [], []
     for i, prompts in enumerate(batches):
         sample = int((i + 1) * sampled) > int(i * sampled)
-        seq, plen = greedy_batch(make_target, prompts, new_tokens, device, gen if sample else None)
-        seqs.append(seq)
-        lens.append(plen)
+        for group in [prompts] if max_cut is None else equal_length_groups(prompts, max_cut):
+            seq, plen = greedy_batch(make_target, group, new_tokens, device, gen if sample else None)
+            seqs.append(seq)
+            lens.append(plen)
     L = max(s.shape[1] for s in seqs)
     seq = torch.cat([torch.nn.functional.pad(s, (0, L - s.shape[1]), value=EOS_ID) for s in seqs])
     plen = torch.cat(lens)
@@ -135,7 +216,7 @@ def prompt_batches(functions: list[torch.Tensor], stream: torch.Tensor, n: int, 
 
 
 @torch.no_grad()
-def pool_taps(target: Qwen3, seq: torch.Tensor, chunk: int = 256) -> torch.Tensor:
+def pool_taps(target: Qwen3 | Qwen35, seq: torch.Tensor, chunk: int = 256) -> torch.Tensor:
     """bf16 [n, L, n_taps * hidden]: the target's taps over each sequence (cache-free forward)."""
     out = []
     for i in range(0, seq.shape[0], chunk):
@@ -153,7 +234,7 @@ def sample_anchors(prompt_len: torch.Tensor, valid_len: torch.Tensor, count: int
     return lo[:, None] + (u * (hi - lo + 1)[:, None]).long().clamp(max=(hi - lo)[:, None])
 
 
-def target_logits(target: Qwen3, taps: torch.Tensor, anchors: torch.Tensor, B: int) -> torch.Tensor:
+def target_logits(target: Qwen3 | Qwen35, taps: torch.Tensor, anchors: torch.Tensor, B: int) -> torch.Tensor:
     """float32 [S, A, B - 1, V]: the target's logits for block positions 1..B-1 of each anchor's
     block, from the last tap (the final-norm hidden state) of the rows before them."""
     H = target.cfg.hidden_size
@@ -188,7 +269,8 @@ def run_blocks(drafter, target, pool, taps, idx, anchors, B, amp, soft_weight: f
 def main() -> None:
     ap = argparse.ArgumentParser(description="train DFlash drafters against the demo target")
     ap.add_argument("--data", default=".train-data")
-    ap.add_argument("--target", required=True, help="target weights folder (train_target.py --out)")
+    ap.add_argument("--target", required=True, help="target weights folder (train_target.py or "
+                    "train_target_qwen35.py --out, or a packaged target): its config.json picks the model")
     ap.add_argument("--out", required=True, help="writes OUT/drafter-b{B}/ and OUT/drafter_log.json")
     ap.add_argument("--blocks", default="8,16")
     ap.add_argument("--seed", type=int, default=0)
@@ -206,6 +288,8 @@ def main() -> None:
     ap.add_argument("--soft-weights", default="0", help="comma-separated weights w of the target-distribution "
                     "cross-entropy; one drafter per block size and weight")
     ap.add_argument("--window-lens", default="16,32,64,128,192", help="lengths of the random-window prompts")
+    ap.add_argument("--max-cut", type=float, default=0.25, help="hybrid targets: the largest fraction of a prompt "
+                    "cut from its left to give a generation batch one prompt length (equal_length_groups)")
     ap.add_argument("--dflash2", action="store_true", help="train DFlash2 drafters (train/common.py DEMO_DFLASH2), "
                     "written to OUT/drafter-dflash2-b{B}/")
     ap.add_argument("--eval-every", type=int, default=500)
@@ -226,15 +310,11 @@ def main() -> None:
     log = {"args": vars(args), "device": torch.cuda.get_device_name() if amp else "cpu", "evals": []}
 
     # frozen target, bf16 as shipped
-    tcfg, _ = parse_configs()
     dtype = torch.bfloat16 if amp else torch.float32
-    weights = {k: v.to(dtype) for k, v in load_tensors(Path(args.target)).items()}
-
-    def make_target(streams: int, context: int) -> Qwen3:
-        # the KV cache's shape fixes the generation batch and length, hence one module per batch
-        t = Qwen3(tcfg, context, TAP_LAYERS, streams=streams, dtype=dtype, device=device)
-        t.load_state_dict(weights, strict=False)
-        return t.requires_grad_(False).eval()
+    make_target, tconfig, tcfg = frozen_target(Path(args.target), dtype, device)
+    hybrid = isinstance(tcfg, HybridConfig)
+    log["target"] = {"model_type": tconfig["model_type"], "layers": tcfg.num_hidden_layers,
+                     "taps": tap_layers(tcfg.num_hidden_layers)}
 
     gen = torch.Generator(device=device).manual_seed(args.seed)
     cpu_gen = torch.Generator().manual_seed(args.seed)
@@ -243,13 +323,18 @@ def main() -> None:
     functions = load_prompt_set(data / "train_prompts.npz")
     windows = [int(p) for p in args.window_lens.split(",")]
     batches = prompt_batches(functions, stream, args.pool, args.gen_batch, windows, cpu_gen)
+    max_cut = args.max_cut if hybrid else None  # a Qwen3 target's batches stay as they were
+    if hybrid:
+        batches = sort_function_batches(batches)
     pool = greedy_pool(make_target, batches, args.new_tokens, device, args.sampled,
-                       torch.Generator(device=device).manual_seed(args.seed + 2))
-    held = greedy_pool(make_target, [load_prompt_set(data / "heldout_prompts.npz")], args.new_tokens, device)
+                       torch.Generator(device=device).manual_seed(args.seed + 2), max_cut)
+    held = greedy_pool(make_target, [load_prompt_set(data / "heldout_prompts.npz")], args.new_tokens, device,
+                       max_cut=max_cut)
     log["pool"] = {"sequences": args.pool, "length": pool["seq"].shape[1], "train_function_prompts": len(functions),
                    "generated_tokens": int((pool["valid_len"] - pool["prompt_len"]).sum()),
                    "ended_by_eos": float((pool["valid_len"] < pool["prompt_len"] + args.new_tokens).float().mean()),
-                   "heldout_sequences": held["seq"].shape[0], "gen_s": round(time.time() - t_start, 1)}
+                   "heldout_sequences": held["seq"].shape[0], "prompt_tokens": int(pool["prompt_len"].sum()),
+                   "gen_s": round(time.time() - t_start, 1)}
     target = make_target(1, pool["seq"].shape[1])  # cache-free forwards only: taps and training
     taps, held_taps = pool_taps(target, pool["seq"]), pool_taps(target, held["seq"])
     log["pool"]["taps_s"] = round(time.time() - t_start, 1)
@@ -262,7 +347,7 @@ def main() -> None:
                 for w in weights_soft}
     drafters, opts, first_step = {}, {}, 0
     for name, (B, _) in variants.items():
-        _, dcfg = parse_configs(B, args.dflash2)
+        _, dcfg = parse_configs(B, args.dflash2, tconfig)
         d = drafter_class(dcfg)(dcfg, pool["seq"].shape[1] + B, B, dtype=torch.float32, device=device)
         init_weights(d, dcfg.num_hidden_layers)
         if args.dflash2:
