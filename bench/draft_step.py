@@ -15,6 +15,9 @@ This is issue 27's side-by-side: the DFlash2 drafter of the Qwen3.6-27B example
 `run` builds the target and the drafters from the artifacts' recorded configs on the GPU with the
 modules' own random bf16 initialization (non-finite values zeroed), copies them to host memory once,
 and binds the same target tensors into every artifact (`iree.runtime.ParameterIndex.add_buffer`).
+Each artifact's module uploads its own device copy of them: two 27B artifacts need about 2 x 56 GB,
+so that run fits an H200 and not an 80 GB H100 (it stopped there out of device memory at the
+second bind).
 
 After a PROMPT_LEN prefill, in one process and alternated ROUNDS times over the artifacts: verify
 (block_size rows), draft (the drafter's whole step: absorb of the verified rows, its forward, and
