@@ -97,28 +97,27 @@ def recurrent_rule(q, k, v, beta, g, state: torch.Tensor) -> tuple[torch.Tensor,
 def unit_lower_inverse(lower: torch.Tensor) -> torch.Tensor:
     """(I - L)^-1 for strictly lower triangular L [..., n, n] (n a power of two), by recursive block
     inversion: with the inverses X_A, X_D of two diagonal blocks of size s, the block of size 2s
-    has the inverse [[X_A, 0], [X_D L_C X_A, X_D]] (L_C its lower-left block of L). log2(n) levels
-    of two batched matmuls each, where forward substitution takes n dependent row steps (each an
-    op of its own in an unrolled static graph: 6.6k dispatches a 64-row prefill on the host).
+    has the inverse [[X_A, 0], [X_D L_C X_A, X_D]] (L_C its lower-left block of L). With X_s the
+    block-diagonal matrix of the size-s inverses and M_s the mask of those lower-left blocks, that
+    is X_2s = X_s + X_s (L * M_s) X_s: log2(n) levels of two matmuls each on the whole matrix
+    (the zero blocks add exact zeros), where forward substitution takes n dependent row steps (each
+    an op of its own in an unrolled static graph: 6.6k dispatches a 64-row prefill on the host).
 
     Why not the power series I + L + L^2 + ... by doubling, which this replaced: its terms grow
     like binomials when a chunk's keys are alike (trained models' are) and cancel to an O(1)
     inverse, so float32 lost everything: 7.7e3 off at key correlation 0.5 where this form is
     within float rounding of forward substitution (tests/test_gdn_inverse.py)."""
     n = lower.shape[-1]
-    lead = lower.shape[:-2]
-    inv = torch.ones(*lead, n, 1, 1, dtype=lower.dtype, device=lower.device)  # [..., n / s, s, s] at s = 1
+    i = torch.arange(n, device=lower.device)
+    inv = torch.eye(n, dtype=lower.dtype, device=lower.device)
     s = 1
     while s < n:
-        m = n // (2 * s)
-        blocks = torch.diagonal(lower.reshape(*lead, m, 2 * s, m, 2 * s), dim1=-4, dim2=-2)  # [..., 2s, 2s, m]
-        lower_left = blocks.movedim(-1, -3)[..., s:, :s]  # [..., m, s, s]
-        x_a, x_d = inv[..., 0::2, :, :], inv[..., 1::2, :, :]
-        top = torch.cat([x_a, torch.zeros_like(x_a)], -1)
-        bottom = torch.cat([x_d @ lower_left @ x_a, x_d], -1)
-        inv = torch.cat([top, bottom], -2)
+        # logical_and, not `&`: torch-mlir in IREE 3.13 has no aten.__and__
+        lower_left = torch.logical_and(torch.logical_and((i[:, None] // (2 * s)) == (i[None, :] // (2 * s)),
+                                                         (i[:, None] // s) % 2 == 1), (i[None, :] // s) % 2 == 0)
+        inv = inv + inv @ (lower * lower_left.to(lower.dtype)) @ inv
         s *= 2
-    return inv[..., 0, :, :]
+    return inv
 
 
 def chunked_rule(q, k, v, beta, g, state: torch.Tensor, chunk: int = CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
