@@ -107,15 +107,9 @@ def cuda_profile(fn, wall_ms: float, n: int = 10, top: int = 25, per: int = 1) -
             "top": [{"kernel": k[:160], "per_call": round(c, 2), "ms": round(ms, 4)} for k, c, ms in rows[:top]]}
 
 
-def host_timeline(fn, n: int = 8, trace: Path | None = None) -> dict:
-    """Where the host's time of a step goes, from CUPTI's driver-API records (torch.profiler): each
-    `cuLaunchKernel` IREE makes, with its host start and duration, joined to the kernel it launched.
-    Per step (medians over n calls of fn()), in µs from the step's start: the first and last launch,
-    the launches and the time inside them, the other driver calls by name, the time between one
-    launch's end and the next one's start (the VM and HAL's own work per dispatch), when the GPU
-    starts and ends, its busy time, and its idle time while it waits for a launch (a gap before a
-    kernel whose launch ended after the kernel before it finished). `trace`: also write the first
-    profiled step's chrome trace there."""
+def trace_events(fn, n: int) -> list:
+    """The complete ("X") events of a chrome trace of n calls of fn() after one unprofiled call
+    (torch.profiler, host and CUDA activity), each call inside a "dflash_step" range."""
     import tempfile
 
     from torch.profiler import ProfilerActivity, profile, record_function
@@ -127,7 +121,19 @@ def host_timeline(fn, n: int = 8, trace: Path | None = None) -> dict:
                 fn()
     with tempfile.TemporaryDirectory() as tmp:
         prof.export_chrome_trace(f"{tmp}/t.json")
-        events = [e for e in json.loads(Path(f"{tmp}/t.json").read_text())["traceEvents"] if e.get("ph") == "X"]
+        return [e for e in json.loads(Path(f"{tmp}/t.json").read_text())["traceEvents"] if e.get("ph") == "X"]
+
+
+def host_timeline(fn, n: int = 8, trace: Path | None = None) -> dict:
+    """Where the host's time of a step goes, from CUPTI's driver-API records (torch.profiler): each
+    `cuLaunchKernel` IREE makes, with its host start and duration, joined to the kernel it launched.
+    Per step (medians over n calls of fn()), in µs from the step's start: the first and last launch,
+    the launches and the time inside them, the other driver calls by name, the time between one
+    launch's end and the next one's start (the VM and HAL's own work per dispatch), when the GPU
+    starts and ends, its busy time, and its idle time while it waits for a launch (a gap before a
+    kernel whose launch ended after the kernel before it finished). `trace`: also write the first
+    profiled step's chrome trace there."""
+    events = trace_events(fn, n)
     steps, driver, rows = timeline_rows(events)
     if trace is not None and steps:
         t0, t1 = steps[0]["ts"], steps[0]["ts"] + steps[0]["dur"]

@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import WORK, cuda_profile, main, summary, times, write_json
+from common import WORK, cuda_profile, main, summary, times, trace_events, write_json
 
 PROMPT_LEN = 512
 ROUNDS = 3
@@ -123,19 +123,7 @@ def _selector_span(fn, n: int = 10) -> dict | None:
     time, from the first top-K kernel's start to the step's return (`tail_us`, what the step would
     lose without them, launch gaps included) and to the last kernel's end (`tail_gpu_us`), and the
     kernels in that tail. None when the step launches no top-K kernel."""
-    import json
-    import tempfile
-
-    from torch.profiler import ProfilerActivity, profile, record_function
-
-    fn()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(n):
-            with record_function("dflash_step"):
-                fn()
-    with tempfile.TemporaryDirectory() as tmp:
-        prof.export_chrome_trace(f"{tmp}/t.json")
-        events = [e for e in json.loads(Path(f"{tmp}/t.json").read_text())["traceEvents"] if e.get("ph") == "X"]
+    events = trace_events(fn, n)
     launched = {e["args"]["correlation"]: e for e in events if e.get("cat") == "cuda_driver"
                 and e["name"].startswith("cuLaunch") and "correlation" in e.get("args", {})}
     kernels = [e for e in events if e.get("cat") == "kernel" and e.get("args", {}).get("correlation") in launched]
