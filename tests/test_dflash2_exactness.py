@@ -21,6 +21,7 @@ import torch
 from test_exactness import PROMPTS, broken_accept, run_exactness
 
 from dflash_iree.acceptance import accept_length
+from dflash_iree.export.draft_window import KEY_ALIGN
 from dflash_iree.export.load import load_pair
 from dflash_iree.export.reference import SamplingConfig, generate_plain
 
@@ -136,6 +137,8 @@ def test_compiled_manifest_names_the_dflash2_drafter(engine, dflash2_artifacts):
     assert manifest["drafter"]["config"]["dflash2"]["selector_top_k"] == 16
     assert manifest["drafter"]["config"]["layer_windows"] == [12, 12]
     ring = manifest["state"]["globals"]["drafter.ctx_cache"]
-    # a ring of window + block slots and a spare, whatever max_context is; float32
-    assert ring["shape"][3] == 12 + 8 + 1 and ring["bytes"] == math.prod(ring["shape"]) * 4
+    # a ring of window + block slots and a spare, padded so that its rows and the block's keys come to
+    # a multiple of KEY_ALIGN, whatever max_context is; float32
+    assert ring["shape"][3] == KEY_ALIGN - 8  # 12 + 8 + 1 rows, and 8 block keys: padded to 64
+    assert ring["bytes"] == math.prod(ring["shape"]) * 4
     assert "candidate_selector.predecessor_codebook" in manifest["parameters"]["drafter"]
