@@ -129,8 +129,6 @@ def plan(target_dir: str | Path, drafter_dir: str | Path, block_size: int | None
     if not 1 <= streams <= MAX_STREAMS:
         raise DFlashError(f"--streams {streams} is out of range: use 1..{MAX_STREAMS} (the requests served in one "
                           "round; every KV cache holds one slot per stream)")
-    if hybrid.is_hybrid(tcfg):
-        hybrid.check_plan(tcfg, target_dir, streams)
     most = min(MAX_K, tcfg.vocab_size)
     if not 0 <= draft_top_k <= most:
         raise DFlashError(f"--draft-top-k {draft_top_k} is out of range: use 1..{most} (the top-K kernel's limit, "

@@ -27,9 +27,11 @@ from .entry_points import EntryPoint, ExportShapes, TensorSpec, _read_len, _step
 from .sampling import Sampling
 
 def depth_entry_points(shapes: ExportShapes, sampled: bool = True) -> list[EntryPoint]:
-    """The `verify_rows{R}` entry points of a module (none for S = 1), in export order."""
+    """The `verify_rows{R}` entry points of a module (none for S = 1, nor for a hybrid target: the
+    rule's plain step is a `prefill` of one row a stream, which a hybrid's static prefill chunk does
+    not take), in export order."""
     S, B, N, dt = shapes.streams, shapes.block_size, shapes.tap_width, shapes.dtype
-    if S == 1:
+    if S == 1 or shapes.prefill_chunk:
         return []
     start = TensorSpec("start", (S,), "i64")
     n_draft = TensorSpec("n_draft", (S,), "i64")

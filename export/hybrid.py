@@ -1,5 +1,5 @@
 """What compiling a Qwen3.5-family hybrid target (export/qwen35.py) adds to the Qwen3 compile:
-its plan checks, its prefill chunk, and the manifest's record of its layers and recurrent state.
+its prefill chunk, and the manifest's record of its layers and recurrent state.
 
 The entry points are the Qwen3 ones (export/entry_points.py), with one difference: `prefill` takes
 a static PREFILL_CHUNK rows, because the DeltaNet rule's loops unroll over the rows of a call
@@ -7,13 +7,14 @@ a static PREFILL_CHUNK rows, because the DeltaNet rule's loops unroll over the r
 chunks through `prefill` (the chunked rule, the last state kept) and the remainder through
 `verify` in blocks of B (the per-token rule, every row's state kept, so a padded last block is
 rolled back by the next call's `start` like rejected drafts). Why 64 and the chunked rule:
-experiments/2026-12-02-hybrid-compile/README.md.
+experiments/2026-12-02-hybrid-compile/README.md. A module of several streams has the same split for
+a joining request's prompt: `prefill_stream` of the chunk and `verify_stream` of B rows in its slot
+(export/stream_entry_points.py); it has no `verify_rows{R}` (export/depth_entry_points.py).
 """
 
 from __future__ import annotations
 
 from dflash_iree.config_qwen35 import HybridConfig
-from dflash_iree.errors import DFlashError
 from dflash_iree.manifest import DTYPES
 
 PREFILL_CHUNK = 64  # prefill's rows: one chunk of export/gdn.py `chunked_rule` (CHUNK)
@@ -22,19 +23,6 @@ PREFILL_CHUNK = 64  # prefill's rows: one chunk of export/gdn.py `chunked_rule` 
 def is_hybrid(cfg) -> bool:
     """Whether a target config is a Qwen3.5-family hybrid's."""
     return isinstance(cfg, HybridConfig)
-
-
-def check_plan(cfg: HybridConfig, target_dir, streams: int) -> None:
-    """Refuse what a hybrid target does not compile with yet, one line each.
-
-    Raises:
-        DFlashError: --streams above 1 (the per-stream prefill, export/stream_entry_points.py, has
-            no recurrent state slot write yet).
-    """
-    if streams != 1:
-        raise DFlashError(f"--streams {streams}: {target_dir}/config.json is a {cfg.family} (Qwen3.5-family hybrid) "
-                          "target, which compiles with one stream so far (its per-stream prefill does not keep the "
-                          "recurrent state yet); use --streams 1")
 
 
 def prefill_chunk(cfg) -> int:

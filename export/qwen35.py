@@ -18,6 +18,8 @@ gated output norm.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch import nn
 
@@ -123,15 +125,16 @@ class HybridLayer(nn.Module):
         x = project_residual(mixed, out_proj, x)
         return self.mlp.add_to(x, self.post_attention_layernorm(x))
 
-    def attend(self, x, cos, sin, positions, cache, layer: int, read_len: int, rows) -> torch.Tensor:
-        """The attention layer: cache None (training) attends causally within the block."""
+    def attend(self, x, cos, sin, positions, cached) -> torch.Tensor:
+        """The attention layer. cached: None (training: causal attention within the block), or
+        cached(q, k, v, gate, attention form) -> the gated attention over the KV cache after writing
+        k, v into it (`Qwen35.forward`'s, or one stream's slot: export/stream_entry_points.py)."""
         q, k, v, gate = self.self_attn.qkv_gate(self.input_layernorm(x), cos, sin)
-        if cache is None:
+        if cached is None:
             visible = positions[:, None, :] <= positions[:, :, None]
             out = attention_fn(self.attention)(q, k, v, visible) * torch.sigmoid(gate)
         else:
-            write_cache(cache, rows, k, v)
-            out = gated_cache_attention(q, gate, cache, layer, read_len, positions, self.attention)
+            out = cached(q, k, v, gate, self.attention)
         return self.finish(x, out, self.self_attn.o_proj)
 
     def mix(self, x, state, window, per_token: bool):
@@ -211,19 +214,34 @@ class Qwen35(nn.Module):
         after each row (T <= state_slots, the token-by-token rule) or after the last row (longer
         calls, `prefill_form`). Without it (training), each call starts from zero states and keeps none.
         """
+        read_len = self.max_context if read_len is None else read_len
+        positions = start[:, None] + torch.arange(tokens.shape[1], dtype=torch.int64, device=tokens.device)
+        cached = None
+        if use_cache:
+            cache, rows = self.kv_cache, cache_rows(self.kv_cache, positions)
+
+            def cached(layer: int, q, k, v, gate, attention: str):
+                write_cache(cache, rows[layer], k, v)
+                return gated_cache_attention(q, gate, cache, layer, read_len, positions, attention)
+        return self.step(tokens, start, positions, cached, sampling, last_only)
+
+    def step(self, tokens: torch.Tensor, start: torch.Tensor, positions: torch.Tensor, cached,
+             sampling: Sampling | None, last_only: bool, stream=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`forward` with the KV cache's part given: cached(attention layer index, q, k, v, gate,
+        attention form) writes k, v and returns the gated attention over the cache (None: no cache,
+        no state kept).
+        stream: None (tokens [S, T], every stream) or one stream's slot (tokens [1, T]; an int, or
+        export/stream_entry_points.py `_slot_index`'s SymInt), whose recurrent state alone is read
+        and written. Returns `forward`'s results."""
         T = tokens.shape[1]
         cfg = self.cfg
         body = self.body
-        read_len = self.max_context if read_len is None else read_len
-        positions = start[:, None] + torch.arange(T, dtype=torch.int64, device=tokens.device)
         x = body.embed_tokens(tokens)
         cos, sin = rope_tables(positions, cfg, x.dtype)
         per_token = T <= self.state.slots or self.prefill_form == "per_token"
         keep_rows = T <= self.state.slots
-        cache = self.kv_cache if use_cache else None
-        rows = cache_rows(cache, positions) if use_cache else None
-        if use_cache:
-            gdn0, conv0 = self.state.read(start)
+        if cached is not None:
+            gdn0, conv0 = self.state.read(start, stream)
         else:
             S = tokens.shape[0]
             gdn0 = torch.zeros(S, len(cfg.gdn_layers), *self.state.gdn_slots.shape[3:], device=tokens.device)
@@ -233,8 +251,7 @@ class Qwen35(nn.Module):
         n_attn = n_gdn = 0
         for i, layer in enumerate(body.layers):
             if layer.layer_type == "full_attention":
-                x = layer.attend(x, cos, sin, positions, cache, n_attn, read_len,
-                                 None if rows is None else rows[n_attn])
+                x = layer.attend(x, cos, sin, positions, None if cached is None else partial(cached, n_attn))
                 n_attn += 1
             else:
                 x, states, windows = layer.mix(x, gdn0[:, n_gdn], conv0[:, n_gdn], per_token)
@@ -243,9 +260,9 @@ class Qwen35(nn.Module):
                 n_gdn += 1
             if i in self.tap_layer_ids:
                 taps[i] = x
-        if use_cache:
-            self.state.write(start, kept_gdn, kept_conv)
-            self.state.commit(start, T, keep_rows)
+        if cached is not None:
+            self.state.write(start, kept_gdn, kept_conv, stream)
+            self.state.commit(start, T, keep_rows, stream)
         h = body.norm(x)
         if cfg.num_hidden_layers - 1 in taps:
             taps[cfg.num_hidden_layers - 1] = h  # HF's hidden_states[L] is taken after the final norm

@@ -46,42 +46,60 @@ class RecurrentState(nn.Module):
     def slots(self) -> int:
         return self.gdn_slots.shape[1]
 
-    def slot(self, start: torch.Tensor) -> torch.Tensor:
-        """int64 [S]: the slot that holds the state after position start - 1 (clamped into range;
-        a start the last call did not reach is not a rollback this module can do)."""
-        return (start - 1 - self.slot_start).clamp(0, self.slots - 1)
-
-    def read(self, start: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The states before position `start` (int64 [S]): gdn [S, n_gdn, Hv, dk, dv] f32 and conv
-        windows [S, n_gdn, K - 1, conv_dim]; zeros where start is 0."""
+    def _base(self, stream, device) -> torch.Tensor:
+        """int64 [S'] flat row of slot 0 of each stream a call runs: every stream (stream None), or
+        stream `stream` alone (an int, or the SymInt of export/stream_entry_points.py `_slot_index`)."""
         S, B = self.gdn_slots.shape[:2]
-        at = torch.arange(S, dtype=torch.int64, device=start.device) * B + self.slot(start)
+        if stream is None:
+            return torch.arange(S, dtype=torch.int64, device=device) * B
+        return torch.arange(1, dtype=torch.int64, device=device) + stream * B
+
+    def slot(self, start: torch.Tensor, stream=None) -> torch.Tensor:
+        """int64 [S'] (start's shape): the slot that holds the state after position start - 1 of each
+        stream a call runs (`_base`), clamped into range (a start the last call did not reach is not
+        a rollback this module can do)."""
+        began = self.slot_start if stream is None else self.slot_start.narrow(0, stream, 1)
+        return (start - 1 - began).clamp(0, self.slots - 1)
+
+    def read(self, start: torch.Tensor, stream=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The states before position `start` (int64 [S'], S' = S, or 1 with `stream`: that stream
+        alone): gdn [S', n_gdn, Hv, dk, dv] f32 and conv windows [S', n_gdn, K - 1, conv_dim]; zeros
+        where start is 0."""
+        S, B = self.gdn_slots.shape[:2]
+        at = self._base(stream, start.device) + self.slot(start, stream)
         gdn = self.gdn_slots.view(S * B, *self.gdn_slots.shape[2:]).index_select(0, at)
         conv = self.conv_slots.view(S * B, *self.conv_slots.shape[2:]).index_select(0, at)
         fresh = (start == 0)[:, None, None, None]
         return torch.where(fresh[..., None], 0.0, gdn), torch.where(fresh, 0.0, conv).to(conv.dtype)
 
-    def write(self, start: torch.Tensor, gdn: list[list[torch.Tensor]], conv: list[list[torch.Tensor]]) -> None:
-        """Keep a call's states, in place: gdn[l][t] [S, Hv, dk, dv] and conv[l][t] [S, K - 1, conv_dim],
-        per GDN layer l the state after each row t (T of them, T <= slots) or after the last row only."""
+    def write(self, start: torch.Tensor, gdn: list[list[torch.Tensor]], conv: list[list[torch.Tensor]],
+              stream=None) -> None:
+        """Keep a call's states, in place: gdn[l][t] [S', Hv, dk, dv] and conv[l][t] [S', K - 1, conv_dim],
+        per GDN layer l the state after each row t (T of them, T <= slots) or after the last row only
+        (S' and `stream` as in `read`)."""
         S, B = self.gdn_slots.shape[:2]
         n_rows = len(gdn[0]) if gdn else 0
         if not n_rows:
             return
-        g = torch.stack([torch.stack(per_row, 1) for per_row in gdn], 2)  # S, T, n, Hv, dk, dv
+        g = torch.stack([torch.stack(per_row, 1) for per_row in gdn], 2)  # S', T, n, Hv, dk, dv
         c = torch.stack([torch.stack(per_row, 1) for per_row in conv], 2)
-        rows = (torch.arange(S, dtype=torch.int64, device=start.device)[:, None] * B
+        rows = (self._base(stream, start.device)[:, None]
                 + torch.arange(n_rows, dtype=torch.int64, device=start.device)[None, :]).reshape(-1)
-        self.gdn_slots.view(S * B, *self.gdn_slots.shape[2:]).index_copy_(0, rows, g.reshape(S * n_rows, *g.shape[2:]))
+        n = g.shape[0] * n_rows
+        self.gdn_slots.view(S * B, *self.gdn_slots.shape[2:]).index_copy_(0, rows, g.reshape(n, *g.shape[2:]))
         self.conv_slots.view(S * B, *self.conv_slots.shape[2:]).index_copy_(
-            0, rows, c.reshape(S * n_rows, *c.shape[2:]).to(self.conv_slots.dtype))
+            0, rows, c.reshape(n, *c.shape[2:]).to(self.conv_slots.dtype))
 
-    def commit(self, start: torch.Tensor, T: int, per_row: bool) -> None:
+    def commit(self, start: torch.Tensor, T: int, per_row: bool, stream=None) -> None:
         """Record where the slots just written start: row 0 at `start` (per_row) or, for a call
-        that kept its last state only, at start + T - 1."""
+        that kept its last state only, at start + T - 1 (every stream's, or with `stream` that one's)."""
         # always a computed value: a buffer mutated to an entry point's own argument (copy_(start))
         # exported with no global store at all (iree-turbine 3.13), so the slots never moved
-        self.slot_start.copy_(start + (0 if per_row else T - 1))
+        began = start + (0 if per_row else T - 1)
+        if stream is None:
+            self.slot_start.copy_(began)
+        else:
+            self.slot_start.index_copy_(0, torch.arange(1, dtype=torch.int64, device=start.device) + stream, began)
 
     def nbytes(self) -> dict:
         """Bytes of each buffer (what the manifest records)."""

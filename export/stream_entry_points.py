@@ -59,16 +59,27 @@ def stream_entry_points(shapes: ExportShapes, sampled: bool = True) -> list[Entr
     doc = ("Run one stream's prompt (or a chunk of it) at positions [start, start+T) into slot `stream` "
            "(0..S-1) of the KV cache, the other slots untouched; chosen is the target's token after the last "
            "row; taps (keep on the device) feed `absorb_stream`.")
+    T = shapes.prefill_chunk or "T"
+    if shapes.prefill_chunk:
+        doc += (f" T is {T} rows (a hybrid target's prefill chunk); the runtime runs a prompt's remainder "
+                "through `verify_stream`.")
+    B = shapes.block_size
     out = []
     for suffix, extra in (("", ()), ("_sampled", sampling)) if sampled else (("", ()),):
         out.append(EntryPoint("prefill_stream" + suffix, "target",
-                              (TensorSpec("tokens", (1, "T"), "i64"), slot, one("start"), pages) + extra
-                              + (chosen,), (taps("T"),), doc, ("chosen",)))
+                              (TensorSpec("tokens", (1, T), "i64"), slot, one("start"), pages) + extra
+                              + (chosen,), (taps(T),), doc, ("chosen",)))
+        if shapes.prefill_chunk:
+            out.append(EntryPoint("verify_stream" + suffix, "target",
+                                  (TensorSpec("tokens", (1, B), "i64"), slot, one("start"), pages) + extra
+                                  + (TensorSpec("chosen", (1, B), "i64"),), (taps(B),),
+                                  "`verify` of one stream in slot `stream`, the other slots untouched: a hybrid "
+                                  "target's prompt remainder, each row's recurrent state kept, so that the padding "
+                                  "of its last block rolls back by the next call's start.", ("chosen",)))
     out.append(EntryPoint("absorb_stream", "drafter", (taps("R"), slot, one("start")),
                           (TensorSpec("ctx_len", (1,), "i64"),),
                           "Project R context rows of one stream (the target's taps at positions [start, start+R)) "
                           "into slot `stream` of the drafter's context cache; returns start + R."))
-    B = shapes.block_size
     n_draft = one("n_draft")
     for suffix, extra in (("", ()), ("_sampled", sampling)) if sampled else (("", ()),):
         out.append(EntryPoint("decode_stream" + suffix, "target",
@@ -139,9 +150,10 @@ def _read_slot(cache: torch.Tensor, slot, layer: int, read_len: int, hd: int) ->
 
 
 def _slot_attention(q: torch.Tensor, cache: torch.Tensor, slot, layer: int, read_len: int, visible: torch.Tensor,
-                    attention: str) -> torch.Tensor:
+                    attention: str, gate: torch.Tensor | None = None) -> torch.Tensor:
     """export/qwen3.py `cache_attention` in slot `slot` (`_slot_index`'s int): q [1, T, Hq, hd] over
-    the first read_len rows of one layer of that slot (visible [1, T, read_len]); [1, T, Hq * hd].
+    the first read_len rows of one layer of that slot (visible [1, T, read_len]); [1, T, Hq * hd],
+    times sigmoid(gate [1, T, Hq * hd]) with a gate (a hybrid target's, export/qwen35.py).
 
     Exported, the named op `dflash::block_attention` over the cache viewed as one stream of S * L
     layers, at layer slot * L + layer: a runtime layer, which the block-attention kernel takes as an
@@ -151,12 +163,14 @@ def _slot_attention(q: torch.Tensor, cache: torch.Tensor, slot, layer: int, read
     hd = q.shape[-1]
     keys, values = _read_slot(cache, slot, layer, read_len, hd)
     out = attention_fn(attention)(q, keys, values, visible)
+    if gate is not None:
+        out = out * torch.sigmoid(gate)
     if not torch.compiler.is_exporting():
         return out
     S, L = cache.shape[:2]
     one = cache.view(1, S * L, *cache.shape[2:])
     g = q.shape[2] // (cache.shape[-1] // hd)  # query heads per KV head
-    return ops.block_attention(q, one, slot * L + layer, query_rows_mask(visible, g), out)
+    return ops.block_attention(q, one, slot * L + layer, query_rows_mask(visible, g), out, gate)
 
 
 def target_step_stream(target, tokens: torch.Tensor, stream: torch.Tensor, start: torch.Tensor, read_len: int,
@@ -173,6 +187,8 @@ def target_step_stream(target, tokens: torch.Tensor, stream: torch.Tensor, start
         chosen int64 [1, T] ([1, 1] with last_only), the target's token after each row;
         taps [1, T, n_taps * hidden].
     """
+    if hasattr(target, "state"):
+        return _hybrid_step_stream(target, tokens, stream, start, read_len, sampling, last_only)
     T = tokens.shape[1]
     cfg, cache = target.cfg, target.kv_cache
     slot = _slot_index(stream, cache.shape[0])
@@ -198,6 +214,23 @@ def target_step_stream(target, tokens: torch.Tensor, stream: torch.Tensor, start
         h, positions = h[:, -1:], positions[:, -1:]
     logits = as_float32(project(h, [target.lm_head])[0])
     return choose_tokens(logits, positions + 1, sampling), tapped
+
+
+def _hybrid_step_stream(target, tokens, stream, start, read_len, sampling, last_only):
+    """`target_step_stream` of a hybrid target (export/qwen35.py `Qwen35.step`): its attention layers
+    write and read their slot of the KV cache, its DeltaNet layers the slot's recurrent state."""
+    cache = target.kv_cache
+    slot = _slot_index(stream, cache.shape[0])
+    pos = start + torch.arange(tokens.shape[1], dtype=torch.int64, device=tokens.device)
+    positions = pos[None, :]
+    visible = torch.arange(read_len, dtype=torch.int64, device=tokens.device)[None, None, :] <= positions[:, :, None]
+    rows = _slot_rows(cache, slot, pos)
+
+    def cached(layer: int, q, k, v, gate, attention: str):
+        _write_slot(cache, rows[layer], k, v)
+        return _slot_attention(q, cache, slot, layer, read_len, visible, attention, gate)
+    chosen, _, taps = target.step(tokens, start, positions, cached, sampling, last_only, slot)
+    return chosen, taps
 
 
 def drafter_absorb_stream(drafter, taps: torch.Tensor, stream: torch.Tensor, start: torch.Tensor,
@@ -245,6 +278,20 @@ def prefill_stream_sampled(m, tokens, stream, start, pages, temperature, top_k, 
     return taps
 
 
+def _verify_stream(m, tokens, stream, start, pages, sampling, chosen):
+    c, taps = target_step_stream(m.target, tokens, stream, start, _read_len(pages), sampling)
+    chosen.copy_(c)
+    return taps
+
+
+def verify_stream(m, tokens, stream, start, pages, chosen):
+    return _verify_stream(m, tokens, stream, start, pages, None, chosen)
+
+
+def verify_stream_sampled(m, tokens, stream, start, pages, temperature, top_k, top_p, seed, chosen):
+    return _verify_stream(m, tokens, stream, start, pages, Sampling(temperature, top_k, top_p, seed), chosen)
+
+
 def absorb_stream(m, taps, stream, start):
     drafter_absorb_stream(m.drafter, taps, stream, start)
     return start + taps.shape[1]
@@ -283,5 +330,6 @@ def verify_draft_stream_sampled(m, tokens, stream, start, n_draft, pages, temper
                                 round)
 
 
-STREAM_BODIES = {f.__name__: f for f in (prefill_stream, prefill_stream_sampled, absorb_stream, decode_stream,
-                                          decode_stream_sampled, verify_draft_stream, verify_draft_stream_sampled)}
+STREAM_BODIES = {f.__name__: f for f in (prefill_stream, prefill_stream_sampled, verify_stream, verify_stream_sampled,
+                                          absorb_stream, decode_stream, decode_stream_sampled, verify_draft_stream,
+                                          verify_draft_stream_sampled)}

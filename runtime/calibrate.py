@@ -58,6 +58,9 @@ def measure(folder: str | Path, device: str | None = None, repeats: int = DEFAUL
     arts = Artifacts.load(folder, unchecked=(DEPTH_COST_FILE,))
     m = arts.manifest
     rows = compiled_rows(m)
+    if not rows and int(m.streams) > 1:
+        raise DFlashError(f"{folder} has no verify_rows entry points (a hybrid target's module of {m.streams} streams): "
+                          "the draft depth rule does not serve hybrid targets yet; serve it without calibrating")
     if not rows:
         raise DFlashError(f"{folder} has no verify_rows entry points (a module of {m.streams} stream): the draft depth "
                           "of shared rounds needs artifacts compiled with --streams 2 or more")

@@ -9,7 +9,9 @@ a stream sees. An idle slot is given position 0, a block of zeros and no drafts:
 own slot (overwritten by the next prefill there), and its results are not read.
 
 A joining request is prefilled alone into its slot: `prefill_stream` / `absorb_stream` of a module of
-S > 1 streams (export/stream_entry_points.py), `prefill` / `absorb` of a one-stream module.
+S > 1 streams (export/stream_entry_points.py), `prefill` / `absorb` of a one-stream module. A hybrid
+target's prompt goes in pieces, chunks and then blocks of B (`verify_stream`), as
+runtime/module.py's `CompiledPair.prefill` splits it.
 
 A step with one stream running (`only`, its slot) calls the one-stream form of a module of S > 1
 streams where it has one (`decode_stream`, `verify_draft_stream`, and `prefill_stream` +
@@ -92,10 +94,12 @@ class StreamCalls:
     def prefill(self, stream: int, ids: list[int], sampling: tuple):
         """Run prompt `ids` from position 0 into slot `stream` alone (sampling: its (temperature,
         top_k, top_p, seed)). Returns (the first new token, taps device array [1, T, N]; a hybrid
-        target's one-stream module: CompiledPair.prefill's pieces)."""
-        if self.pair.prefill_chunk:  # a hybrid compiles with one stream (export/hybrid.py)
+        target's: a list of (taps, start) pieces, `_prefill_pieces`)."""
+        if self.pair.prefill_chunk and self.S == 1:
             self.pair.set_sampling(*sampling)
             return self.pair.prefill(ids)
+        if self.pair.prefill_chunk:
+            return self._prefill_pieces(stream, ids, sampling)
         suffix, extra = self._sampling_one(sampling)
         chosen = self.pair._out(1, 1)
         tokens = self.pair._stage.arg(np.array([ids], np.int64), constant=True)
@@ -104,10 +108,34 @@ class StreamCalls:
         taps = self.pair.fn[name + suffix](tokens, *where, self._i64([0]), self.pair._pages(len(ids)), *extra, chosen)
         return int(self.pair._read(chosen)[0, 0]), taps
 
+    def _prefill_pieces(self, stream: int, ids: list[int], sampling: tuple):
+        """A hybrid target's prompt into slot `stream` alone, split as runtime/module.py
+        `CompiledPair._prefill_pieces` splits it: whole chunks through `prefill_stream`, the rest
+        through `verify_stream` in blocks of B, the last padded (its padding rows roll back by the
+        next call's start). Returns (the first new token, [(taps, start)] pieces for `absorb`)."""
+        suffix, extra = self._sampling_one(sampling)
+        C, B, where, pieces = self.pair.prefill_chunk, self.B, self._slot(stream), []
+        chunks = range(0, len(ids) - C + 1, C)
+        for start in chunks:
+            chosen, last = self.pair._out(1, 1), 0
+            tokens = self.pair._stage.arg(np.array([ids[start:start + C]], np.int64), constant=True)
+            pieces.append((self.pair.fn["prefill_stream" + suffix](tokens, where, self._i64([start]),
+                                                                   self.pair._pages(start + C), *extra, chosen), start))
+        for start in range(len(chunks) * C, len(ids), B):
+            block = ids[start:start + B]
+            chosen, last = self.pair._out(1, B), len(block) - 1
+            pieces.append((self.pair.fn["verify_stream" + suffix](self._i64([self.pair._pad(block)]), where,
+                                                                  self._i64([start]), self.pair._pages(start + B),
+                                                                  *extra, chosen), start))
+        return int(self.pair._read(chosen)[0, last]), pieces
+
     def absorb(self, stream: int, taps) -> None:
         """The prompt's taps (positions 0..T-1) into slot `stream` of the drafter's context cache."""
-        if isinstance(taps, list):
+        if isinstance(taps, list) and self.S == 1:
             self.pair.absorb(taps)
+        elif isinstance(taps, list):
+            for piece, start in taps:
+                self.pair.fn["absorb_stream"](piece, self._slot(stream), self._i64([start]))
         elif self.S > 1:
             self.pair.fn["absorb_stream"](taps, self._slot(stream), self._i64([0]))
         else:

@@ -99,9 +99,9 @@ def truths(target_dir, drafter_dir) -> dict[tuple, list[int]]:
     return out
 
 
-def run_together(batch: BatchEngine) -> dict[str, list[int]]:
-    """REQUESTS through the protocol, each added at its step (or the first after with a free slot)."""
-    waiting = [(f"r{i}", p, o, at) for i, (p, o, at) in enumerate(REQUESTS)]
+def run_together(batch: BatchEngine, requests=REQUESTS) -> dict[str, list[int]]:
+    """`requests` through the protocol, each added at its step (or the first after with a free slot)."""
+    waiting = [(f"r{i}", p, o, at) for i, (p, o, at) in enumerate(requests)]
     got: dict[str, list[int]] = {}
     results = {}
     step = 0
@@ -119,13 +119,13 @@ def run_together(batch: BatchEngine) -> dict[str, list[int]]:
     return got
 
 
-def failures(engine, truths, cls=BatchEngine, proposer=True) -> list[str]:
+def failures(engine, truths, cls=BatchEngine, proposer=True, requests=REQUESTS) -> list[str]:
     """Every way a request's tokens together differ from alone or from plain decoding."""
     seamed = engine.with_seams(proposer=Oracle(truths)) if proposer else engine
-    together = run_together(cls(seamed))
+    together = run_together(cls(seamed), requests)
     solo_engine = BatchEngine(seamed)
     out = []
-    for i, (prompt, o, _) in enumerate(REQUESTS):
+    for i, (prompt, o, _) in enumerate(requests):
         solo = solo_engine.generate_many([prompt], o)[0].tokens
         truth = truths[tuple(prompt)][len(prompt):len(prompt) + o.max_new_tokens]
         if together[f"r{i}"] != solo:

@@ -123,8 +123,8 @@ def test_rollback_every_accepted_length(hybrid_dir, reference):
 class KeepsOneRejected(RecurrentState):
     """Planted control: resumes from the state one row later, one rejected draft's state kept."""
 
-    def slot(self, start):
-        return super().slot(start + 1)
+    def slot(self, start, stream=None):
+        return super().slot(start + 1, stream)
 
 
 def test_planted_rollback_keeps_a_rejected_state_fails(hybrid_dir, reference, monkeypatch):

@@ -1,6 +1,6 @@
 """Where a user meets the Qwen3.5 family's limits on the command line: one line, exit status 2,
 nothing written. MoE (qwen3_5_moe), Qwen3-Next and a hybrid passed as the drafter (its MTP head)
-are refused; a hybrid target compiles with one stream only (tests/test_qwen35_compile.py compiles it)."""
+are refused (tests/test_qwen35_compile.py compiles a hybrid, tests/test_qwen35_streams.py with several streams)."""
 
 from __future__ import annotations
 
@@ -42,9 +42,3 @@ def test_compile_refuses_moe_and_next(capsys, tmp_path, hybrid_dir, drafter_dir,
 def test_compile_refuses_a_hybrid_as_the_drafter(capsys, tmp_path, target_dir, hybrid_dir):
     _refused(capsys, ["--target", str(target_dir), "--drafter", str(hybrid_dir)], tmp_path / "o",
              "not a DFlash drafter .*MTP head is not supported as a drafter")
-
-
-def test_compile_of_a_hybrid_refuses_several_streams(capsys, tmp_path, hybrid_pair):
-    target, drafter = hybrid_pair
-    _refused(capsys, ["--target", str(target), "--drafter", str(drafter), "--streams", "2"], tmp_path / "o",
-             r"--streams 2: .* compiles with one stream so far .*use --streams 1")

@@ -71,8 +71,8 @@ class Scripted:
 class KeepsOneRejected(RecurrentState):
     """Planted control: resumes from the state one row later (one rejected draft's state kept)."""
 
-    def slot(self, start):
-        return super().slot(start + 1)
+    def slot(self, start, stream=None):
+        return super().slot(start + 1, stream)
 
 
 @pytest.mark.parametrize("planted", [False, True], ids=["rollback", "planted-control"])
