@@ -103,8 +103,8 @@ def test_planted_dequant_without_bias_is_caught(quant_artifacts, quant_dirs, eag
 def test_manifest_records_the_quantization(quant_artifacts, quant_dirs):
     m = json.loads((quant_artifacts["mlx"] / "manifest.json").read_text())
     q = m["target"]["quantization"]
-    assert {k: q[k] for k in ("method", "bits", "group_size", "symmetric")} == \
-        {"method": "mlx-affine", "bits": 4, "group_size": 64, "symmetric": True}
+    assert {k: q[k] for k in ("method", "bits", "group_size")} == {"method": "mlx-affine", "bits": 4, "group_size": 64}
+    assert "symmetric" not in q  # compressed-tensors' field: MLX affine always has biases
     assert len(q["layers"]) == 30 and "lm_head" in q["layers"] and "model.embed_tokens" in q["layers"]
     params = m["parameters"]["target"]
     assert params["model.layers.0.mlp.up_proj.weight"] == {"shape": [128, 8], "dtype": "u32"}
@@ -115,6 +115,21 @@ def test_manifest_records_the_quantization(quant_artifacts, quant_dirs):
     c = json.loads((quant_artifacts["ct"] / "manifest.json").read_text())["target"]["quantization"]
     assert (c["method"], c["group_size"], c["symmetric"], len(c["layers"])) == ("compressed-tensors", 32, False, 28)
     assert "lm_head" not in c["layers"] and c["bytes"]["zeros"] > 0
+
+
+def test_manifest_that_says_mlx_is_symmetric_still_binds(quant_artifacts, quant_dirs, tmp_path):
+    """Manifests written before `symmetric` was left out for MLX recorded `symmetric: true` there: the
+    format check compares the format's own fields, so such artifacts still take their checkpoint."""
+    from dflash_iree.runtime.artifacts import Artifacts
+
+    old = Path(shutil.copytree(quant_artifacts["mlx"], tmp_path / "host"))
+    m = json.loads((old / "manifest.json").read_text())
+    m["target"]["quantization"]["symmetric"] = True
+    (old / "manifest.json").write_text(json.dumps(m))
+    Artifacts.load(old).check_quantization("target", quant_dirs["mlx"])
+    with pytest.raises(DFlashError, match="holds compressed-tensors 4-bit, group 32, asymmetric but .* compiled for "
+                                          "mlx-affine 4-bit, group 64;"):
+        Artifacts.load(old).check_quantization("target", quant_dirs["ct"])
 
 
 def test_export_key_includes_the_quantization(quant_dirs):
