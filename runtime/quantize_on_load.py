@@ -132,8 +132,10 @@ def quantized(folder: str | Path, spec: OnLoad) -> Path | dict:
     try:
         write_cache(path, tensors, rec)
     except OSError as e:
-        warnings.warn(f"cannot write the quantized {folder} to {path} ({e.strerror or e}); quantizing it in memory at "
-                      "every load: set DFLASH_IREE_CACHE to a writable folder", DFlashWarning, stacklevel=2)
+        # resolved: a folder recorded relative to the artifacts reads compiled/host/../../models/x
+        warnings.warn(f"cannot write the quantized {Path(folder).resolve()} to {path.resolve()} ({e.strerror or e}); "
+                      "quantizing it in memory at every load: set DFLASH_IREE_CACHE to a writable folder",
+                      DFlashWarning, stacklevel=2)
         return tensors
     return path
 

@@ -320,6 +320,26 @@ def test_cache_off_quantizes_in_memory(on_load_artifacts, eager, monkeypatch, tm
     assert not any(tmp_path.rglob("*.safetensors"))
 
 
+def test_unwritable_cache_warns_with_resolved_paths(on_load_artifacts, target_dir, drafter_dir, monkeypatch,
+                                                   tmp_path):
+    """A cache that cannot be written warns once per scope, naming the checkpoint and the cache file
+    by their resolved paths (a checkpoint found relative to the artifacts is a `..` path), and
+    quantizes in memory."""
+    from dflash_iree.guard import DFlashWarning
+
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "blocked").write_text("a file where the cache folder would be")
+    monkeypatch.setenv("DFLASH_IREE_CACHE", str(tmp_path / "sub" / ".." / "blocked"))
+    winding = tmp_path / "sub" / ".." / "sub" / os.path.relpath(target_dir, tmp_path / "sub")
+    with pytest.warns(DFlashWarning) as caught:
+        engine = Engine.load(on_load_artifacts, target=winding, drafter=drafter_dir)
+    said = [str(w.message) for w in caught if "cannot write the quantized" in str(w.message)]
+    assert len(said) == 2 and not any("/../" in m or "/./" in m for m in said), said
+    cache = (tmp_path / "blocked" / "quantized").resolve()
+    assert f"cannot write the quantized {target_dir.resolve()} to {cache}/" in said[0]
+    assert len(engine.generate(PROMPTS[0], 8).tokens) == 8
+
+
 # --- refusals ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("option", ["--target-bits", "--drafter-bits"])
