@@ -234,7 +234,7 @@ class Artifacts:
         for scope, folder in (("target", target), ("drafter", drafter)):
             spec = on_load(self.manifest, scope)
             if spec is not None:  # its packed layers made from the float checkpoint (or their cache)
-                indexes[scope] = parameter_index(rt, folder, spec, self.manifest.parameters[scope])
+                indexes[scope] = parameter_index(rt, folder, spec, self.manifest.parameters[scope], scope)
                 continue
             indexes[scope] = rt.ParameterIndex()
             for path in sorted({i.file for i in index_checkpoint(folder).values()}):

@@ -252,6 +252,29 @@ def test_cache_is_made_then_reused(on_load_artifacts, cache, monkeypatch):
     assert len(engine.generate(PROMPTS[0], 8).tokens) == 8
 
 
+def test_the_cli_says_when_it_quantizes_and_when_it_reuses(on_load_artifacts, target_dir, drafter_dir, cache, capsys,
+                                                           monkeypatch):
+    """One line per scope on stderr: made now (the layers, group, seconds and the cache file), then
+    on the next load reused from that file; with the cache off, made in memory."""
+    args = ("generate", "--artifacts", on_load_artifacts, "--prompt-ids", "7 300 12", "--max-new-tokens", "4",
+            "--quiet")
+    rc, _, err = cli(capsys, *args)
+    assert rc == 0, err
+    made = [line for line in err.splitlines() if "quantized to 4 bits on load" in line]
+    assert [line.split(":")[0] for line in made] == ["dflash-iree"] * 2, err
+    assert made[0].startswith(f"dflash-iree: the target {target_dir.resolve()}: quantized to 4 bits on load (28 "
+                              "linears, group 64) in ")
+    assert made[1].startswith(f"dflash-iree: the drafter {drafter_dir.resolve()}: quantized to 4 bits on load (13 ")
+    assert all(f"s, cached as {cache.resolve()}/" in line for line in made), made
+    rc, _, err = cli(capsys, *args)
+    assert rc == 0 and "quantized to 4 bits" not in err, err
+    reused = [line for line in err.splitlines() if "is reused from the cache" in line]
+    assert len(reused) == 2 and reused[0].startswith(f"dflash-iree: the target {target_dir.resolve()}: its 4-bit copy")
+    monkeypatch.setenv("DFLASH_IREE_CACHE", "off")
+    rc, _, err = cli(capsys, *args)
+    assert rc == 0 and sum(line.endswith("in memory (DFLASH_IREE_CACHE=off)") for line in err.splitlines()) == 2, err
+
+
 def _rewrite(folder: Path, scale: float) -> None:
     """Rewrite the checkpoint's safetensors in place (same keys, shapes and size), its linears scaled."""
     from safetensors.torch import load_file, save_file
