@@ -363,6 +363,16 @@ def test_unwritable_cache_warns_with_resolved_paths(on_load_artifacts, target_di
     assert len(engine.generate(PROMPTS[0], 8).tokens) == 8
 
 
+def test_compile_help_says_what_the_bits_options_do(capsys):
+    rc, out, _ = cli(capsys, "compile", "--help")
+    text = " ".join(out.split())  # argparse wraps the lines
+    assert rc == 0 and "only config.json is read" not in text
+    for scope in ("target", "drafter"):
+        assert f"--{scope}-bits BITS 4: build the {scope} as an MLX-format 4-bit module (affine, group 64, for" in text
+        assert f"with --{scope}-bits 4 each safetensors file is hashed for the manifest" in text
+    assert "the runtime quantizes the float weights when it binds them" in text
+
+
 # --- refusals ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("option", ["--target-bits", "--drafter-bits"])
