@@ -226,6 +226,23 @@ def _refuse_4bit_arch(p: "Plan", arch: Arch) -> None:
                                   "--arch host")
 
 
+def quant_note(p: Plan) -> str | None:
+    """The compile log's one line on 4-bit weights (None: both scopes float): each 4-bit scope's
+    format and group size, with or without zero points (compressed-tensors), and whether the
+    checkpoint stores it packed or the runtime quantizes a float one as it binds it (--SCOPE-bits 4)."""
+    from dflash_iree.quant import CT
+
+    parts = []
+    for scope, f in p.quantization.items():
+        if f is None:
+            continue
+        zeros = ("" if f.method != CT else ", symmetric" if f.symmetric else ", with zero points")
+        how = (f"quantized on load from the float checkpoint by the runtime (--{scope}-bits 4)" if f.on_load
+               else "packed in the checkpoint")
+        parts.append(f"{scope} {f.method}, group {f.group_size}{zeros}, {how}")
+    return "4-bit: " + "; ".join(parts) if parts else None
+
+
 class Progress:
     """Progress lines with the seconds elapsed since the start."""
 
@@ -509,6 +526,9 @@ def compile_artifacts(arch: str, target_dir, drafter_dir, out_dir=None, block_si
     log(f"configs: target {p.target.num_hidden_layers} layers, hidden {p.target.hidden_size}, vocab "
         f"{p.target.vocab_size}; drafter {p.drafter.num_hidden_layers} layers, taps {list(p.drafter.target_layer_ids)}; "
         f"block {p.block_size}, max_context {p.max_context}, {p.dtype}, streams {p.streams}, draft top-K {p.draft_top_k}")
+    note = quant_note(p)
+    if note:
+        log(note)
     with guard.out_lock(out), tempfile.TemporaryDirectory(prefix="dflash-export-") as work:
         mlir = export_cached(p, Path(work), log, use_cache)
         m = lower(p, arch, mlir, out, log, record, splices=splices)

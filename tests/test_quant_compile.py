@@ -117,6 +117,14 @@ def test_manifest_records_the_quantization(quant_artifacts, quant_dirs):
     assert "lm_head" not in c["layers"] and c["bytes"]["zeros"] > 0
 
 
+def test_compile_log_says_4bit_once(quant_artifacts):
+    for fmt, says in (("mlx", "4-bit: target mlx-affine, group 64, packed in the checkpoint"),
+                      ("ct", "4-bit: target compressed-tensors, group 32, with zero points, packed in the checkpoint")):
+        lines = (quant_artifacts[fmt].parent / "compile.log").read_text().splitlines()
+        said = [line for line in lines if "4-bit" in line]
+        assert len(said) == 1 and said[0].endswith(f"] {says}"), lines  # the float drafter is not named
+
+
 def test_manifest_that_says_mlx_is_symmetric_still_binds(quant_artifacts, quant_dirs, tmp_path):
     """Manifests written before `symmetric` was left out for MLX recorded `symmetric: true` there: the
     format check compares the format's own fields, so such artifacts still take their checkpoint."""

@@ -47,12 +47,12 @@ BITS = dict(target_bits=4, drafter_bits=4)
 @pytest.fixture(scope="module")
 def on_load_artifacts(tmp_path_factory, target_dir, drafter_dir) -> Path:
     """The tiny float32 pair compiled for the host with --target-bits 4 --drafter-bits 4 (block 8,
-    max_context 256), once for this module."""
+    max_context 256), once for this module; the compile's log beside the folder (`compile.log`)."""
     from dflash_iree.export.compile import Progress, compile_artifacts
 
     out = tmp_path_factory.mktemp("compiled-on-load") / "host"
-    compile_artifacts("host", target_dir, drafter_dir, out, max_context=256, log=Progress(open(os.devnull, "w")),
-                      **BITS)
+    with open(out.parent / "compile.log", "w") as log:
+        compile_artifacts("host", target_dir, drafter_dir, out, max_context=256, log=Progress(log), **BITS)
     return out
 
 
@@ -175,6 +175,14 @@ def test_manifest_records_quantize_on_load(on_load_artifacts, target_dir):
     assert source == {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
     assert m["parameters"]["target"]["model.layers.0.mlp.up_proj.weight"] == {"shape": [128, 8], "dtype": "u32"}
     assert m["parameters"]["target"]["model.layers.0.mlp.up_proj.scales"] == {"shape": [128, 1], "dtype": "f32"}
+
+
+def test_compile_log_says_4bit_once(on_load_artifacts):
+    lines = (on_load_artifacts.parent / "compile.log").read_text().splitlines()
+    said = [line for line in lines if "4-bit" in line]
+    on_load = "mlx-affine, group 64, quantized on load from the float checkpoint by the runtime"
+    assert len(said) == 1 and said[0].endswith(f"] 4-bit: target {on_load} (--target-bits 4); drafter {on_load} "
+                                               "(--drafter-bits 4)"), lines
 
 
 def test_export_key_includes_quantize_on_load(target_dir, drafter_dir):
