@@ -20,8 +20,10 @@ The options and their defaults are dflash_iree/cli_args.py's; this module runs t
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
+import logging
 import os
 import sys
 import warnings
@@ -299,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     demo found drafted != plain), 2 (bad input, or a fault named in one line), 130 (Ctrl-C)."""
     args = None
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _notes():
             warnings.showwarning = _show_warning
             # libraries' deprecation notices (torch's pytree during export) are not the user's to act on
             warnings.simplefilter("ignore", FutureWarning)
@@ -330,6 +332,26 @@ def _fail(message: str) -> int:
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     print(f"dflash-iree: warning: {message}", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def _notes():
+    """The library's notes for the user (the `dflash_iree` logger at INFO and above, e.g. what
+    quantize on load made or reused) as `dflash-iree: ...` lines on stderr, for one command: the
+    logger is left as it was after, since tests and embedders call main() in their own process."""
+    logger = logging.getLogger("dflash_iree")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("dflash-iree: %(message)s"))
+    level, propagate = logger.level, logger.propagate
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False  # printed here once, not again by a root handler
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        logger.propagate = propagate
 
 
 def _os_error(e: OSError, command: str | None) -> str:

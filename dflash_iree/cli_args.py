@@ -139,8 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compile", help="export target + drafter and compile them to compiled/ARCH (vmfb + manifest)")
     c.add_argument("--arch", default="host", help=f"{', '.join(ARCHS)}, or an alias: {', '.join(ALIASES)} "
                    "(default: host)")
-    c.add_argument("--target", required=True, help="Qwen3 checkpoint folder (only config.json is read)")
-    c.add_argument("--drafter", required=True, help="DFlash drafter checkpoint folder (only config.json is read)")
+    read = ("; a 4-bit checkpoint's safetensors headers too; with --{0}-bits 4 each safetensors file is hashed "
+            "for the manifest; no weights are loaded")
+    c.add_argument("--target", required=True, help="Qwen3 or Qwen3.5-family target checkpoint folder: its config.json "
+                   "and generation_config.json (eos ids, if there is one)" + read.format("target"))
+    c.add_argument("--drafter", required=True, help="DFlash drafter checkpoint folder: its config.json"
+                   + read.format("drafter"))
     c.add_argument("--out", help="output folder (default: compiled/ARCH)")
     c.add_argument("--block-size", type=int, help="verify block, 2..the drafter's trained block_size (default)")
     c.add_argument("--max-context", type=int, help="KV cache length in tokens (default 4096, or the target's "
@@ -178,8 +182,10 @@ def _bits_arguments(p, compiled: bool = False) -> None:
     """--target-bits / --drafter-bits: quantize a float checkpoint on load (dflash_iree/quant.py);
     `compiled`: compile's wording (the module takes the packed form, the runtime quantizes)."""
     for scope in ("target", "drafter"):
-        what = (f"4: the {scope}'s float linears compiled as MLX 4-bit operands (affine, group 64), the ones "
-                f"eager --{scope}-bits 4 quantizes; the runtime quantizes the float checkpoint as it binds it and "
-                "keeps the result in ~/.cache/dflash-iree/quantized ($DFLASH_IREE_CACHE/quantized)"
-                if compiled else f"quantize the {scope}'s float linears on load: 4 (affine, group 64)")
-        p.add_argument(f"--{scope}-bits", type=int, metavar="BITS", help=f"{what}; default: as stored")
+        what = (f"4: build the {scope} as an MLX-format 4-bit module (affine, group 64, for the linears eager "
+                f"--{scope}-bits 4 quantizes) from a float checkpoint; the runtime quantizes the float weights when "
+                "it binds them and caches them in $DFLASH_IREE_CACHE/quantized (default ~/.cache/dflash-iree); "
+                "default: as stored (a 4-bit checkpoint compiles as its config.json says, without this option)"
+                if compiled else f"quantize the {scope}'s float linears on load: 4 (affine, group 64); default: as "
+                "stored")
+        p.add_argument(f"--{scope}-bits", type=int, metavar="BITS", help=what)

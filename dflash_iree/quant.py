@@ -52,7 +52,8 @@ _READ = f"4-bit MLX affine ({MLX}) or compressed-tensors pack-quantized W4A16"
 @dataclass(frozen=True)
 class QuantFormat:
     """A checkpoint's 4-bit format: `method` (MLX or CT), bits, group_size (input columns per scale),
-    symmetric (compressed-tensors: no zero points), and the layers the config leaves unquantized
+    symmetric (compressed-tensors only: no zero points; MLX affine always has biases, and the field
+    stays at its default there), and the layers the config leaves unquantized
     (`ignore`: module paths; a layer whose tensors are float is unquantized either way). `on_load`:
     not the checkpoint's (a float one) but the MLX form quantize on load gives it (`on_load_format`)."""
 
@@ -65,8 +66,22 @@ class QuantFormat:
     on_load: bool = False
 
     def to_dict(self) -> dict:
-        return {"method": self.method, "bits": self.bits, "group_size": self.group_size,
-                "symmetric": self.symmetric}
+        """The manifest's record of the format (`format_fields`): method, bits, group_size, and
+        `symmetric` for compressed-tensors only."""
+        return format_fields({"method": self.method, "bits": self.bits, "group_size": self.group_size,
+                              "symmetric": self.symmetric})
+
+
+def format_fields(record: dict) -> dict:
+    """The fields of a quantization record (a manifest's `SCOPE.quantization`, or
+    `QuantFormat.to_dict`) that name its format: method, bits, group_size, and `symmetric` only for
+    compressed-tensors, where it says whether there are zero points. MLX affine has biases whatever
+    the field says, so it is dropped there (manifests written before recorded `symmetric: true` for
+    MLX; they compare equal to the ones written now)."""
+    out = {k: record[k] for k in ("method", "bits", "group_size")}
+    if record["method"] == CT:
+        out["symmetric"] = record["symmetric"]
+    return out
 
 
 def _bits(bits, where: str) -> int:

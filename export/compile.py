@@ -80,8 +80,11 @@ MAX_DECODE_STEPS = 16  # each step is a whole decode graph in the module: compil
 def plan(target_dir: str | Path, drafter_dir: str | Path, block_size: int | None = None,
          max_context: int | None = None, dtype: str | None = None, streams: int = 1, sampled: bool = True,
          draft_top_k: int = DEFAULT_DRAFT_TOP_K, attention: str = "fused", *,
-         target_bits: int | None = None, drafter_bits: int | None = None, decode_steps: int = 0) -> Plan:
+         target_bits: int | None = None, drafter_bits: int | None = None, decode_steps: int = 0,
+         arch: Arch | None = None) -> Plan:
     """Read and check the two config.json files and the options. Reads no weights, writes nothing.
+    Warns (DFlashWarning) of a `dtype` other than the target's only once every check has passed, so
+    a refused compile prints its refusal alone.
 
     streams: the leading stream dimension S of every entry point and cache, 1..MAX_STREAMS: the
     requests a module serves in one round (runtime/batch.py); S > 1 adds the per-stream prefill
@@ -99,13 +102,17 @@ def plan(target_dir: str | Path, drafter_dir: str | Path, block_size: int | None
         checkpoint's packed operands, and the runtime quantizes the float tensors as it binds them
         (runtime/quantize_on_load.py). A 4-bit MLX or compressed-tensors checkpoint is read as its
         config.json says. Either way `Plan.quantization`.
+    arch: the arch compiled for, to refuse 4-bit weights it cannot take here (`_refuse_4bit_arch`,
+        which reads a 4-bit checkpoint's safetensors headers), before the dtype warning; None
+        leaves that to `lower`.
 
     Raises:
         DFlashError: a missing config, an unsupported family, a drafter that does not fit the
             target, block_size / max_context / dtype / streams (a hybrid target: above 1) / draft_top_k
             / decode_steps (with streams above 1 or a hybrid target: above 1) out of range, a bits
             option other than 4, or given for a checkpoint that is already 4-bit or for a hybrid
-            target, a 4-bit format dflash_iree/quant.py refuses, a GGUF folder, or a 4-bit hybrid target.
+            target, a 4-bit format dflash_iree/quant.py refuses, a GGUF folder, a 4-bit hybrid target,
+            or 4-bit weights `arch` cannot take.
     """
     from dflash_iree.kernels.topk import MAX_K
 
@@ -122,10 +129,6 @@ def plan(target_dir: str | Path, drafter_dir: str | Path, block_size: int | None
     dtype = dtype or tcfg.dtype
     if dtype not in COMPUTE_DTYPES:
         raise DFlashError(f"--dtype {dtype} is not supported; use bf16, f16 or f32")
-    if dtype != tcfg.dtype:
-        warnings.warn(f"--dtype {dtype}: the target's config.json says {tcfg.dtype}, and the runtime binds a "
-                      f"checkpoint's tensors as stored, so these artifacts need {dtype} checkpoints of this config "
-                      f"(convert them, or compile with --dtype {tcfg.dtype}, the default)", DFlashWarning, stacklevel=2)
     if not 1 <= streams <= MAX_STREAMS:
         raise DFlashError(f"--streams {streams} is out of range: use 1..{MAX_STREAMS} (the requests served in one "
                           "round; every KV cache holds one slot per stream)")
@@ -139,9 +142,16 @@ def plan(target_dir: str | Path, drafter_dir: str | Path, block_size: int | None
     if decode_steps > 1 and (streams > 1 or hybrid.is_hybrid(tcfg)):
         raise DFlashError(f"--decode-steps {decode_steps}: several decode steps in one call need one stream and a "
                           "dense target (steps past a stop roll back by length); leave --decode-steps out")
-    return Plan(tcfg, dcfg, block, max_context, dtype, streams, sampled, draft_top_k, attention,
-                prefill_chunk=hybrid.prefill_chunk(tcfg), quantization=formats,
-                decode_steps=decode_steps if decode_steps > 1 else 0)
+    p = Plan(tcfg, dcfg, block, max_context, dtype, streams, sampled, draft_top_k, attention,
+             prefill_chunk=hybrid.prefill_chunk(tcfg), quantization=formats,
+             decode_steps=decode_steps if decode_steps > 1 else 0)
+    if arch is not None:
+        _refuse_4bit_arch(p, arch)
+    if dtype != tcfg.dtype:
+        warnings.warn(f"--dtype {dtype}: the target's config.json says {tcfg.dtype}, and the runtime binds a "
+                      f"checkpoint's tensors as stored, so these artifacts need {dtype} checkpoints of this config "
+                      f"(convert them, or compile with --dtype {tcfg.dtype}, the default)", DFlashWarning, stacklevel=2)
+    return p
 
 
 def _check_4bit(tcfg: TargetConfig, dcfg: DrafterConfig, target_bits, drafter_bits) -> dict:
@@ -212,6 +222,23 @@ def _refuse_4bit_arch(p: "Plan", arch: Arch) -> None:
                 raise DFlashError(f"{folder}: {key} is {info.dtype}; the packed-weight GEMM on {arch.name} reads bf16 "
                                   "scales and biases: quantize the checkpoint from bf16 weights, or compile it for "
                                   "--arch host")
+
+
+def quant_note(p: Plan) -> str | None:
+    """The compile log's one line on 4-bit weights (None: both scopes float): each 4-bit scope's
+    format and group size, with or without zero points (compressed-tensors), and whether the
+    checkpoint stores it packed or the runtime quantizes a float one as it binds it (--SCOPE-bits 4)."""
+    from dflash_iree.quant import CT
+
+    parts = []
+    for scope, f in p.quantization.items():
+        if f is None:
+            continue
+        zeros = ("" if f.method != CT else ", symmetric" if f.symmetric else ", with zero points")
+        how = (f"quantized on load from the float checkpoint by the runtime (--{scope}-bits 4)" if f.on_load
+               else "packed in the checkpoint")
+        parts.append(f"{scope} {f.method}, group {f.group_size}{zeros}, {how}")
+    return "4-bit: " + "; ".join(parts) if parts else None
 
 
 class Progress:
@@ -485,18 +512,21 @@ def compile_artifacts(arch: str, target_dir, drafter_dir, out_dir=None, block_si
     if decode_steps is None:
         dense = not hybrid.is_hybrid(load_target_config(target_dir))
         decode_steps = resolved.decode_steps if streams == 1 and dense else 0
-    p = plan(target_dir, drafter_dir, block_size, max_context, dtype, streams, sampled, draft_top_k,
-             attention or resolved.attention, target_bits=target_bits, drafter_bits=drafter_bits,
-             decode_steps=decode_steps)
-    _refuse_4bit_arch(p, resolved)
+    # every refusal before plan's --dtype warning: a refused compile prints one line
     if out_dir is not None and not str(out_dir).strip():
         raise DFlashError("--out is empty; give a folder, or leave --out out for compiled/ARCH")
     out = Path(out_dir) if out_dir is not None else Path("compiled") / resolved.name
     out_folder.check_destination(out)
     iree_compile_tool()
+    p = plan(target_dir, drafter_dir, block_size, max_context, dtype, streams, sampled, draft_top_k,
+             attention or resolved.attention, target_bits=target_bits, drafter_bits=drafter_bits,
+             decode_steps=decode_steps, arch=resolved)
     log(f"configs: target {p.target.num_hidden_layers} layers, hidden {p.target.hidden_size}, vocab "
         f"{p.target.vocab_size}; drafter {p.drafter.num_hidden_layers} layers, taps {list(p.drafter.target_layer_ids)}; "
         f"block {p.block_size}, max_context {p.max_context}, {p.dtype}, streams {p.streams}, draft top-K {p.draft_top_k}")
+    note = quant_note(p)
+    if note:
+        log(note)
     with guard.out_lock(out), tempfile.TemporaryDirectory(prefix="dflash-export-") as work:
         mlir = export_cached(p, Path(work), log, use_cache)
         m = lower(p, arch, mlir, out, log, record, splices=splices)

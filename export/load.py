@@ -110,10 +110,9 @@ def read_quantized(module: nn.Module, folder: str | Path, compute_dtype: torch.d
 
 def quant_record(module: nn.Module, fmt: "quant.QuantFormat | None") -> dict | None:
     """The manifest's `quantization` entry of a module `read_quantized` or `swap_on_load` swapped to
-    the format `fmt` (None: no packed layer): the format (method, bits, group_size, symmetric), the
-    quantized layer prefixes, and the bytes the module binds, split into packed weights, scales,
-    zeros (MLX biases or compressed-tensors zero points) and the float parameters left in their
-    stored dtype."""
+    the format `fmt` (None: no packed layer): the format (`QuantFormat.to_dict`), the quantized
+    layer prefixes, and the bytes the module binds, split into packed weights, scales, zeros (MLX
+    biases or compressed-tensors zero points) and the float parameters left in their stored dtype."""
     layers = {n: m for n, m in module.named_modules() if isinstance(m, QuantLinearBase)}
     if fmt is None or not layers:
         return None

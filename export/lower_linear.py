@@ -59,16 +59,21 @@ _BF16_2D = re.compile(r"tensor<(\d+)x(\d+)xbf16>")
 _I32_2D = re.compile(r"tensor<(\d+)x(\d+)xi32>")
 
 
-def _rows(x) -> tuple[int | None, int | None, str]:
-    """(M, K, builtin type) of x [..., K]: M None when a leading dim is dynamic or x is not bf16."""
+def _rows(x) -> tuple[int | None, int | None, str, str | None]:
+    """(M, K, builtin type, None) of x [..., K], or (None, None, builtin type, why the kernel cannot
+    take it): x not bf16, no rows dim, or a dynamic dim (prefill's T rows of a dense target)."""
     t = builtin_type(x.type)
     dims = t[len("tensor<"):-1].split("x")
-    if dims[-1] != "bf16" or len(dims) < 3 or "?" in dims[:-1]:
-        return None, None, t
+    if dims[-1] != "bf16":
+        return None, None, t, f"x {t} is not bf16"
+    if len(dims) < 3:
+        return None, None, t, f"x {t} has no rows dim"
+    if "?" in dims[:-1]:
+        return None, None, t, f"x {t} has dynamic rows"
     m = 1
     for d in dims[:-2]:
         m *= int(d)
-    return m, int(dims[-2]), t
+    return m, int(dims[-2]), t, None
 
 
 def _weight_ok(w, M: int | None, K: int | None, arch: str, min_weight_bytes: int, quant=None) -> tuple[int, str | None]:
@@ -78,7 +83,7 @@ def _weight_ok(w, M: int | None, K: int | None, arch: str, min_weight_bytes: int
 
     m = (_BF16_2D if quant is None else _I32_2D).fullmatch(builtin_type(w.type))
     if not m or M is None or int(m[2]) * (1 if quant is None else 8) != K:
-        return 0, f"not {'bf16 [N, K]' if quant is None else 'packed i32 [N, K / 8]'} against a bf16 x with static rows"
+        return 0, f"weight not {'bf16 [N, K]' if quant is None else 'packed i32 [N, K / 8]'} with x's K = {K}"
     N = int(m[1])
     if not 1 <= M <= MAX_M:
         return N, f"M={M} rows outside 1..{MAX_M}"
@@ -180,12 +185,10 @@ def lower_linear(module, arch: str, min_weight_bytes: int = GEMM_MIN_WEIGHT_BYTE
                 name == LINEAR_RESIDUAL_OP and len(weights) != 1) or (name == LINEAR_OP and len(weights) != len(refs)):
             raise DFlashError(f"splice: {name} has operands {len(op.operands)} / weights {len(weights)} other than "
                               "export/ops.py declares")
-        M, K, x_t = _rows(x)
+        M, K, x_t, xwhy = _rows(x)
         quant, scales, zeros, qwhy = _quant(rest)
         why = None if has_kernel(arch, "gemm") else f"arch {arch} has no skinny GEMM kernel"
-        why = why or qwhy
-        if why is None and M is None:
-            why = f"x {x_t} is not bf16 with static rows"
+        why = why or qwhy or xwhy
         if why is None and name != LINEAR_OP and not epilogues:
             why = "epilogues off"
         if why is None and name != LINEAR_OP and M < min_m:

@@ -188,11 +188,11 @@ class Artifacts:
                                   f"(--{scope}-bits 4); pass the float {scope} checkpoint, or compile for this one: "
                                   f"dflash-iree compile --arch {self.arch} --{scope} {folder} (without --{scope}-bits)")
             return
-        want = {k: recorded[k] for k in ("method", "bits", "group_size", "symmetric")} if recorded else None
+        want = quant.format_fields(recorded) if recorded else None
         if have != want:
             def say(f):
                 return "float weights" if f is None else (f"{f['method']} {f['bits']}-bit, group {f['group_size']}"
-                                                          + ("" if f["symmetric"] else ", asymmetric"))
+                                                          + ("" if f.get("symmetric", True) else ", asymmetric"))
             raise DFlashError(f"{scope} checkpoint {folder} holds {say(have)} but {self.folder / MANIFEST_FILE} was "
                               f"compiled for {say(want)}; pass the {scope} checkpoint it was compiled from, or compile for "
                               f"this one: dflash-iree compile --arch {self.arch} --{scope} {folder}")
@@ -234,7 +234,7 @@ class Artifacts:
         for scope, folder in (("target", target), ("drafter", drafter)):
             spec = on_load(self.manifest, scope)
             if spec is not None:  # its packed layers made from the float checkpoint (or their cache)
-                indexes[scope] = parameter_index(rt, folder, spec, self.manifest.parameters[scope])
+                indexes[scope] = parameter_index(rt, folder, spec, self.manifest.parameters[scope], scope)
                 continue
             indexes[scope] = rt.ParameterIndex()
             for path in sorted({i.file for i in index_checkpoint(folder).values()}):

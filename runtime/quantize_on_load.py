@@ -20,15 +20,21 @@ sha256; otherwise (the source was rewritten, the file is cut off or altered, ano
 made again. It is written to a temporary file beside it and renamed into place, so that no reader
 sees half of one. With $DFLASH_IREE_CACHE=off, or a cache folder that cannot be written (a warning
 says so), the tensors are made in memory at every load.
+
+Each load says once per scope, at INFO on the `dflash_iree.runtime` logger (the CLI prints it on
+stderr), whether the 4-bit tensors were made now (in how long, and where they are kept) or taken
+from the cache.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import mmap
 import os
 import struct
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +52,7 @@ FLOATS = ("bf16", "f16", "f32")  # what a source weight may be stored as: the ru
 # The planted control's switch (tests/test_quantize_on_load.py): "no-bias" writes every bias as 0, a
 # quantizer that drops MLX's bias, which compiled == eager must catch. None in every real use.
 PLANTED: str | None = None
+log = logging.getLogger("dflash_iree.runtime")
 
 
 @dataclass(frozen=True)
@@ -89,17 +96,18 @@ def source_parameters(parameters: dict, spec: OnLoad) -> dict:
     return out
 
 
-def parameter_index(rt, folder: str | Path, spec: OnLoad, parameters: dict):
+def parameter_index(rt, folder: str | Path, spec: OnLoad, parameters: dict, scope: str = "checkpoint"):
     """An `iree.runtime.ParameterIndex` of every key of `parameters` (the manifest's table of the
     scope): the packed layers' tensors quantized from the float checkpoint at `folder` (from the
     cache, or made now), the others the checkpoint's own tensors, memory-mapped as stored. The
-    checkpoint must have been checked against `source_parameters` first.
+    checkpoint must have been checked against `source_parameters` first. `scope` ("target",
+    "drafter") names it in the note `quantized` logs.
 
     Raises:
         DFlashError: a source safetensors file that cannot be read.
     """
     index = rt.ParameterIndex()
-    made = quantized(folder, spec)
+    made = quantized(folder, spec, scope)
     if isinstance(made, Path):
         index.load(str(made))  # memory-mapped
     else:
@@ -118,23 +126,34 @@ def parameter_index(rt, folder: str | Path, spec: OnLoad, parameters: dict):
     return index
 
 
-def quantized(folder: str | Path, spec: OnLoad) -> Path | dict:
+def quantized(folder: str | Path, spec: OnLoad, scope: str = "checkpoint") -> Path | dict:
     """The packed layers of the float checkpoint at `folder`: the path of a cache file that fits
     (`cache_file`; made now when missing, stale or corrupt), or, with no cache to write (cache off,
-    or its folder not writable: a DFlashWarning), `quantize`'s tensors in memory."""
+    or its folder not writable: a DFlashWarning), `quantize`'s tensors in memory. Logs one line at
+    INFO (`log`) saying which, naming the `scope` ("target", "drafter"); where the cache cannot be
+    written, the warning alone says so."""
     rec = record(folder, spec)
     path = cache_file(folder, spec)
+    what = f"the {scope} {Path(folder).resolve()}"
     if path is not None and fits(path, rec, spec):
+        log.info(f"{what}: its 4-bit copy (quantize on load) is reused from the cache, {path.resolve()}")
         return path
+    t0 = time.perf_counter()
     tensors = quantize(folder, spec)
+    made = (f"{what}: quantized to 4 bits on load ({len(spec.layers)} linears, group {spec.group_size}) in "
+            f"{time.perf_counter() - t0:.1f}s")
     if path is None:
+        log.info(f"{made}, in memory (DFLASH_IREE_CACHE=off)")
         return tensors
     try:
         write_cache(path, tensors, rec)
     except OSError as e:
-        warnings.warn(f"cannot write the quantized {folder} to {path} ({e.strerror or e}); quantizing it in memory at "
-                      "every load: set DFLASH_IREE_CACHE to a writable folder", DFlashWarning, stacklevel=2)
+        # resolved: a folder recorded relative to the artifacts reads compiled/host/../../models/x
+        warnings.warn(f"cannot write the quantized {Path(folder).resolve()} to {path.resolve()} ({e.strerror or e}); "
+                      "quantizing it in memory at every load: set DFLASH_IREE_CACHE to a writable folder",
+                      DFlashWarning, stacklevel=2)
         return tensors
+    log.info(f"{made}, cached as {path.resolve()}")
     return path
 
 

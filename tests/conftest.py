@@ -143,12 +143,14 @@ def quant_dirs(tiny_dir) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def quant_artifacts(tmp_path_factory, quant_dirs) -> dict[str, Path]:
     """The `mlx` and `ct` 4-bit targets of quant_dirs, each with the float drafter, compiled for the
-    host CPU (block 8, max_context 256, float32), once per session."""
+    host CPU (block 8, max_context 256, float32), once per session; each compile's log beside its
+    folder (`compile.log`)."""
     from dflash_iree.export.compile import Progress, compile_artifacts
 
     out = {}
     for fmt in ("mlx", "ct"):
         out[fmt] = tmp_path_factory.mktemp(f"compiled-{fmt}") / "host"
-        compile_artifacts("host", quant_dirs[fmt], quant_dirs["drafter"], out[fmt], max_context=256,
-                          log=Progress(open(os.devnull, "w")))
+        with open(out[fmt].parent / "compile.log", "w") as log:
+            compile_artifacts("host", quant_dirs[fmt], quant_dirs["drafter"], out[fmt], max_context=256,
+                              log=Progress(log))
     return out

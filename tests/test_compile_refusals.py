@@ -163,3 +163,16 @@ def test_a_dtype_other_than_the_checkpoints_warns(target_dir, drafter_dir):
 
     with pytest.warns(DFlashWarning, match="--dtype f16: the target's config.json says f32.*convert them"):
         cc.plan(target_dir, drafter_dir, dtype="f16")
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--draft-top-k", "999"], r"--draft-top-k 999 is out of range"),  # plan's own check, after the dtype's
+    (["--out", "FILE"], r"--out .*FILE is a file, not an artifact folder")])
+def test_a_refused_compile_prints_no_dtype_warning(capsys, tmp_path, target_dir, drafter_dir, argv, match):
+    """The --dtype warning comes only once every check has passed: a refusal is the one line."""
+    (tmp_path / "FILE").write_text("mine")
+    argv = [str(tmp_path / a) if a == "FILE" else a for a in argv]
+    rc = main(["compile", "--target", str(target_dir), "--drafter", str(drafter_dir), "--dtype", "f16",
+               "--max-context", str(CONTEXT), *(argv if "--out" in argv else [*argv, "--out", str(tmp_path / "o")])])
+    err = capsys.readouterr().err
+    assert rc == 2 and re.search(match, err) and len(err.strip().splitlines()) == 1 and "warning" not in err, err

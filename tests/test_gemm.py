@@ -244,6 +244,35 @@ def test_splice_replaces_linear(tmp_path, arch, M, taken):
     assert len(ic.compile_file(str(out), extra_args=device_flags(arch) + flags)) > 10000
 
 
+def test_splice_names_dynamic_rows(tmp_path):
+    """x with a dynamic row count (a dense target's prefill, T rows) stays IREE's, and the report
+    says why: its rows are dynamic (x is bf16), not a dtype."""
+    torch = pytest.importorskip("torch")
+    aot = pytest.importorskip("iree.turbine.aot")
+    from types import SimpleNamespace
+
+    from dflash_iree.export import lower_linear, qwen3
+
+    class Linear(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Linear(512, 128, bias=False, dtype=torch.bfloat16)
+
+        def forward(self, x):
+            return tuple(qwen3.project(x, [self.w]))
+
+    module = Linear()
+    aot.externalize_module_parameters(module)
+    x = torch.zeros(1, 16, 512, dtype=torch.bfloat16)
+    src = tmp_path / "dynamic.mlir"
+    aot.export(module, args=(x,), dynamic_shapes={"x": {1: torch.export.Dim("T", max=64)}}).save_mlir(src)
+    _, flags, report = _lower(src, tmp_path, "sm_80")
+    assert flags == [] and "gemm" not in report
+    assert report["iree"]["gemm"] == {"x tensor<1x?x512xbf16> has dynamic rows": 1}
+    f32 = SimpleNamespace(type="!torch.vtensor<[1,16,512],f32>")
+    assert lower_linear._rows(f32)[3] == "x tensor<1x16x512xf32> is not bf16"
+
+
 @pytest.mark.parametrize("N,taken", [(128, False), (4096, True)])
 def test_splice_leaves_small_weights_to_iree_in_the_rules_before(tmp_path, N, taken):
     """With row_invariant=False only weights of at least GEMM_MIN_WEIGHT_BYTES (4 MiB) take the

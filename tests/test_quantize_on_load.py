@@ -47,12 +47,12 @@ BITS = dict(target_bits=4, drafter_bits=4)
 @pytest.fixture(scope="module")
 def on_load_artifacts(tmp_path_factory, target_dir, drafter_dir) -> Path:
     """The tiny float32 pair compiled for the host with --target-bits 4 --drafter-bits 4 (block 8,
-    max_context 256), once for this module."""
+    max_context 256), once for this module; the compile's log beside the folder (`compile.log`)."""
     from dflash_iree.export.compile import Progress, compile_artifacts
 
     out = tmp_path_factory.mktemp("compiled-on-load") / "host"
-    compile_artifacts("host", target_dir, drafter_dir, out, max_context=256, log=Progress(open(os.devnull, "w")),
-                      **BITS)
+    with open(out.parent / "compile.log", "w") as log:
+        compile_artifacts("host", target_dir, drafter_dir, out, max_context=256, log=Progress(log), **BITS)
     return out
 
 
@@ -166,8 +166,8 @@ def test_manifest_records_quantize_on_load(on_load_artifacts, target_dir):
     m = json.loads((on_load_artifacts / "manifest.json").read_text())
     for scope, layers in (("target", 28), ("drafter", 1 + 6 * 2)):  # the drafter's down_proj: K = 96
         q = m[scope]["quantization"]
-        assert {k: q[k] for k in ("method", "bits", "group_size", "symmetric")} == \
-            {"method": "mlx-affine", "bits": 4, "group_size": 64, "symmetric": True}
+        assert (q["method"], q["bits"], q["group_size"]) == ("mlx-affine", 4, 64)
+        assert "symmetric" not in q  # compressed-tensors' field
         assert len(q["layers"]) == layers and "lm_head" not in q["layers"]
         assert q["on_load"]["rule"] == 1 and q["on_load"]["scale_dtype"] == "f32"
     source = m["target"]["quantization"]["on_load"]["source"]["files"]["model.safetensors"]
@@ -175,6 +175,14 @@ def test_manifest_records_quantize_on_load(on_load_artifacts, target_dir):
     assert source == {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
     assert m["parameters"]["target"]["model.layers.0.mlp.up_proj.weight"] == {"shape": [128, 8], "dtype": "u32"}
     assert m["parameters"]["target"]["model.layers.0.mlp.up_proj.scales"] == {"shape": [128, 1], "dtype": "f32"}
+
+
+def test_compile_log_says_4bit_once(on_load_artifacts):
+    lines = (on_load_artifacts.parent / "compile.log").read_text().splitlines()
+    said = [line for line in lines if "4-bit" in line]
+    on_load = "mlx-affine, group 64, quantized on load from the float checkpoint by the runtime"
+    assert len(said) == 1 and said[0].endswith(f"] 4-bit: target {on_load} (--target-bits 4); drafter {on_load} "
+                                               "(--drafter-bits 4)"), lines
 
 
 def test_export_key_includes_quantize_on_load(target_dir, drafter_dir):
@@ -252,6 +260,29 @@ def test_cache_is_made_then_reused(on_load_artifacts, cache, monkeypatch):
     assert len(engine.generate(PROMPTS[0], 8).tokens) == 8
 
 
+def test_the_cli_says_when_it_quantizes_and_when_it_reuses(on_load_artifacts, target_dir, drafter_dir, cache, capsys,
+                                                           monkeypatch):
+    """One line per scope on stderr: made now (the layers, group, seconds and the cache file), then
+    on the next load reused from that file; with the cache off, made in memory."""
+    args = ("generate", "--artifacts", on_load_artifacts, "--prompt-ids", "7 300 12", "--max-new-tokens", "4",
+            "--quiet")
+    rc, _, err = cli(capsys, *args)
+    assert rc == 0, err
+    made = [line for line in err.splitlines() if "quantized to 4 bits on load" in line]
+    assert [line.split(":")[0] for line in made] == ["dflash-iree"] * 2, err
+    assert made[0].startswith(f"dflash-iree: the target {target_dir.resolve()}: quantized to 4 bits on load (28 "
+                              "linears, group 64) in ")
+    assert made[1].startswith(f"dflash-iree: the drafter {drafter_dir.resolve()}: quantized to 4 bits on load (13 ")
+    assert all(f"s, cached as {cache.resolve()}/" in line for line in made), made
+    rc, _, err = cli(capsys, *args)
+    assert rc == 0 and "quantized to 4 bits" not in err, err
+    reused = [line for line in err.splitlines() if "is reused from the cache" in line]
+    assert len(reused) == 2 and reused[0].startswith(f"dflash-iree: the target {target_dir.resolve()}: its 4-bit copy")
+    monkeypatch.setenv("DFLASH_IREE_CACHE", "off")
+    rc, _, err = cli(capsys, *args)
+    assert rc == 0 and sum(line.endswith("in memory (DFLASH_IREE_CACHE=off)") for line in err.splitlines()) == 2, err
+
+
 def _rewrite(folder: Path, scale: float) -> None:
     """Rewrite the checkpoint's safetensors in place (same keys, shapes and size), its linears scaled."""
     from safetensors.torch import load_file, save_file
@@ -320,6 +351,36 @@ def test_cache_off_quantizes_in_memory(on_load_artifacts, eager, monkeypatch, tm
     assert not any(tmp_path.rglob("*.safetensors"))
 
 
+def test_unwritable_cache_warns_with_resolved_paths(on_load_artifacts, target_dir, drafter_dir, monkeypatch,
+                                                   tmp_path):
+    """A cache that cannot be written warns once per scope, naming the checkpoint and the cache file
+    by their resolved paths (a checkpoint found relative to the artifacts is a `..` path), and
+    quantizes in memory."""
+    from dflash_iree.guard import DFlashWarning
+
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "blocked").write_text("a file where the cache folder would be")
+    monkeypatch.setenv("DFLASH_IREE_CACHE", str(tmp_path / "sub" / ".." / "blocked"))
+    winding = tmp_path / "sub" / ".." / "sub" / os.path.relpath(target_dir, tmp_path / "sub")
+    with pytest.warns(DFlashWarning) as caught:
+        engine = Engine.load(on_load_artifacts, target=winding, drafter=drafter_dir)
+    said = [str(w.message) for w in caught if "cannot write the quantized" in str(w.message)]
+    assert len(said) == 2 and not any("/../" in m or "/./" in m for m in said), said
+    cache = (tmp_path / "blocked" / "quantized").resolve()
+    assert f"cannot write the quantized {target_dir.resolve()} to {cache}/" in said[0]
+    assert len(engine.generate(PROMPTS[0], 8).tokens) == 8
+
+
+def test_compile_help_says_what_the_bits_options_do(capsys):
+    rc, out, _ = cli(capsys, "compile", "--help")
+    text = " ".join(out.split())  # argparse wraps the lines
+    assert rc == 0 and "only config.json is read" not in text
+    for scope in ("target", "drafter"):
+        assert f"--{scope}-bits BITS 4: build the {scope} as an MLX-format 4-bit module (affine, group 64, for" in text
+        assert f"with --{scope}-bits 4 each safetensors file is hashed for the manifest" in text
+    assert "the runtime quantizes the float weights when it binds them" in text
+
+
 # --- refusals ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("option", ["--target-bits", "--drafter-bits"])
@@ -351,7 +412,7 @@ def test_gpu_arch_refuses_float32_scales_on_load(target_dir, drafter_dir, capsys
     rc, _, err = cli(capsys, "compile", "--arch", "sm_80", "--dtype", "bf16", "--target", target_dir, "--drafter",
                      drafter_dir, "--out", out, "--drafter-bits", "4")
     assert_refused(rc, err, "--drafter-bits 4", "is f32", "reads bf16 ones", "--arch host")
-    assert sum("error:" in line for line in err.splitlines()) == 1 and not out.exists()
+    assert len(err.strip().splitlines()) == 1 and "warning" not in err and not out.exists()  # no --dtype warning first
 
 
 def test_runtime_refuses_a_4bit_checkpoint_for_quantize_on_load(on_load_artifacts, quant_dirs, drafter_dir):
