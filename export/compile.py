@@ -108,7 +108,7 @@ def plan(target_dir: str | Path, drafter_dir: str | Path, block_size: int | None
 
     Raises:
         DFlashError: a missing config, an unsupported family, a drafter that does not fit the
-            target, block_size / max_context / dtype / streams (a hybrid target: above 1) / draft_top_k
+            target, block_size / max_context / dtype / streams / draft_top_k
             / decode_steps (with streams above 1 or a hybrid target: above 1) out of range, a bits
             option other than 4, or given for a checkpoint that is already 4-bit or for a hybrid
             target, a 4-bit format dflash_iree/quant.py refuses, a GGUF folder, a 4-bit hybrid target,
