@@ -191,11 +191,14 @@ class BatchEngine:
 
         Args:
             options: one GenerateOptions for all prompts, or one per prompt (default: all defaults).
-            concurrency: at most this many at once (default and at most `capacity`).
+            concurrency: at most this many at once (default and at most `capacity`; at least 1).
 
         Raises:
-            DFlashError: as `add`, for the first bad prompt or option (before any work); a busy engine.
+            DFlashError: as `add`, for the first bad prompt or option (before any work); a busy engine;
+                a concurrency below 1.
         """
+        if concurrency is not None:
+            concurrency = validate.count(concurrency, "concurrency", "requests decoded at once")
         opts = list(options) if isinstance(options, Sequence) else [options or GenerateOptions()] * len(prompts)
         if len(opts) != len(prompts):
             raise DFlashError(f"{len(prompts)} prompts but {len(opts)} options; give one options for all, or one each")

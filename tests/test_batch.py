@@ -207,6 +207,8 @@ def test_scripted_rounds_accept_every_count(engine, truths):
 def test_cancel_capacity_and_bad_input(engine):
     batch = BatchEngine(engine)
     assert batch.capacity == 4 and batch.active == 0
+    with pytest.raises(DFlashError, match=r"^concurrency .*requests decoded at once"):
+        batch.generate_many([[1]], G(), concurrency=0)
     for i in range(4):
         batch.add(f"q{i}", [1 + i, 2], G(max_new_tokens=50))
     with pytest.raises(DFlashError, match=r"^all 4 streams are busy"):
