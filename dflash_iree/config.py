@@ -231,7 +231,8 @@ def load_target_config(folder: str | Path) -> TargetConfig:
     raw = _read_json(path, "target")
     quant.read_format(raw, path)  # a 4-bit format it cannot read is refused here, by name
     if "dflash_config" in raw or "DFlashDraftModel" in (raw.get("architectures") or []):
-        raise DFlashError(f"{path}: this is a DFlash drafter config; pass it as the drafter and a Qwen3 model as the target")
+        raise DFlashError(f"{path}: this is a DFlash drafter config; pass it as the drafter and a Qwen3 or "
+                          "Qwen3.5-family model as the target")
     from . import config_qwen35  # imports this module
 
     config_qwen35.refuse_family(raw.get("model_type"), path)
@@ -297,7 +298,7 @@ def load_drafter_config(folder: str | Path, target: TargetConfig) -> DrafterConf
     if "mask_token_id" not in dcfg and "mask_token_id" not in raw:
         if not dcfg and "DFlashDraftModel" not in (raw.get("architectures") or []):
             raise DFlashError(f"{path}: this is not a DFlash drafter config (no dflash_config; model_type "
-                              f"{raw.get('model_type')!r}): pass a Qwen3 model as the target and a DFlash drafter "
+                              f"{raw.get('model_type')!r}): pass a Qwen3 or Qwen3.5-family model as the target and a DFlash drafter "
                               "as the drafter")
         raise DFlashError(f"{path}: dflash_config.mask_token_id is missing")
     mask = int(dcfg.get("mask_token_id", raw.get("mask_token_id")))

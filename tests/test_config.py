@@ -144,7 +144,7 @@ def test_target_given_as_drafter(target_dir, drafter_dir):
 
 
 def test_a_target_given_as_the_drafter_is_named(target_dir):
-    with pytest.raises(DFlashError, match="not a DFlash drafter config .*pass a Qwen3 model as the target"):
+    with pytest.raises(DFlashError, match="not a DFlash drafter config .*pass a Qwen3 or Qwen3.5-family model as the "):
         load_drafter_config(target_dir, load_target_config(target_dir))
 
 
