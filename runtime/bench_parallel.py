@@ -114,6 +114,9 @@ def format_parallel_table(result: dict) -> str:
             sp = {"dflash": f"{level['speedup']:.2f}x", "full": f"{level.get('full_speedup', 0):.2f}x"}.get(arm, "")
             lines.append(f"{streams:>7} {arm:>6} {a['aggregate_tok_s']:>15.1f} {a['per_stream_tok_s']:>16.1f} "
                          f"{a['ttft_ms']:>8.1f} {tau:>5} {sp:>7}")
-    lines.append(f"depth rule: {'on (dflash; full: off, the whole block every round)' if result.get('depth_rule') else 'off (no verify_rows entry points, as in a hybrid target\'s module; no depth_cost.json; or its costs make the whole block always the choice)'}")
+    rule = ("on (dflash; full: off, the whole block every round)" if result.get("depth_rule") else
+            "off (no verify_rows entry points, as in a hybrid target's module; no depth_cost.json; or its costs "
+            "make the whole block always the choice)")
+    lines.append(f"depth rule: {rule}")
     lines.append(f"same tokens: {'yes' if result['same_tokens'] else 'NO'}")
     return "\n".join(lines)
