@@ -265,31 +265,30 @@ def drafter_draft_stream(drafter, target, taps, stream, ctx_start, n_valid, anch
 
 
 # The exported bodies (the root `Pair` first, as in export/entry_points.py).
-def prefill_stream(m, tokens, stream, start, pages, chosen):
-    c, taps = target_step_stream(m.target, tokens, stream, start, _read_len(pages), None, last_only=True)
+def _target_stream(m, tokens, stream, start, pages, sampling, chosen, last_only: bool):
+    """`prefill_stream` (last_only) and `verify_stream`: the target's step in one slot, chosen
+    written, taps returned."""
+    c, taps = target_step_stream(m.target, tokens, stream, start, _read_len(pages), sampling, last_only)
     chosen.copy_(c)
     return taps
+
+
+def prefill_stream(m, tokens, stream, start, pages, chosen):
+    return _target_stream(m, tokens, stream, start, pages, None, chosen, last_only=True)
 
 
 def prefill_stream_sampled(m, tokens, stream, start, pages, temperature, top_k, top_p, seed, chosen):
-    c, taps = target_step_stream(m.target, tokens, stream, start, _read_len(pages),
-                                 Sampling(temperature, top_k, top_p, seed), last_only=True)
-    chosen.copy_(c)
-    return taps
-
-
-def _verify_stream(m, tokens, stream, start, pages, sampling, chosen):
-    c, taps = target_step_stream(m.target, tokens, stream, start, _read_len(pages), sampling)
-    chosen.copy_(c)
-    return taps
+    return _target_stream(m, tokens, stream, start, pages, Sampling(temperature, top_k, top_p, seed), chosen,
+                          last_only=True)
 
 
 def verify_stream(m, tokens, stream, start, pages, chosen):
-    return _verify_stream(m, tokens, stream, start, pages, None, chosen)
+    return _target_stream(m, tokens, stream, start, pages, None, chosen, last_only=False)
 
 
 def verify_stream_sampled(m, tokens, stream, start, pages, temperature, top_k, top_p, seed, chosen):
-    return _verify_stream(m, tokens, stream, start, pages, Sampling(temperature, top_k, top_p, seed), chosen)
+    return _target_stream(m, tokens, stream, start, pages, Sampling(temperature, top_k, top_p, seed), chosen,
+                          last_only=False)
 
 
 def absorb_stream(m, taps, stream, start):

@@ -93,6 +93,14 @@ class EntryCall:
                 raise DFlashError(f"{where}: expected {dtype} {list(shape)}, got {a.dtype} {list(got)}")
 
 
+def prefill_split(n: int, chunk: int, block: int) -> tuple[range, range]:
+    """How a hybrid target's prompt of n tokens is run (export/hybrid.py): the starts of its whole
+    chunks of `chunk` rows (`prefill`), then of the blocks of `block` rows after them (`verify`; the
+    last may be short and is padded)."""
+    whole = n // chunk * chunk
+    return range(0, whole, chunk), range(whole, n, block)
+
+
 class CompiledPair:
     """Calls into a loaded module for stream 0.
 
@@ -190,11 +198,11 @@ class CompiledPair:
         its padding rows are rolled back as rejected drafts are, by the next call's start."""
         C, pieces, first = self.prefill_chunk, [], None
         chosen = self._out(1, 1)
-        for start in range(0, len(ids) - C + 1, C):
+        chunks, blocks = prefill_split(len(ids), C, self.block_size)
+        for start in chunks:
             pieces.append((self._target("prefill", ids[start:start + C], start, writes=(chosen,)), start))
             first = chosen
-        done = len(pieces) * C
-        for start in range(done, len(ids), self.block_size):
+        for start in blocks:
             tokens, taps = self.verify(ids[start:start + self.block_size], start)
             pieces.append((taps, start))
             first = tokens[-1]

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .module import CompiledPair
+from .module import CompiledPair, prefill_split
 
 GREEDY = (0.0, 0, 1.0, 0)  # an idle or greedy slot's (temperature, top_k, top_p, seed)
 
@@ -115,13 +115,13 @@ class StreamCalls:
         next call's start). Returns (the first new token, [(taps, start)] pieces for `absorb`)."""
         suffix, extra = self._sampling_one(sampling)
         C, B, where, pieces = self.pair.prefill_chunk, self.B, self._slot(stream), []
-        chunks = range(0, len(ids) - C + 1, C)
+        chunks, blocks = prefill_split(len(ids), C, B)
         for start in chunks:
             chosen, last = self.pair._out(1, 1), 0
             tokens = self.pair._stage.arg(np.array([ids[start:start + C]], np.int64), constant=True)
             pieces.append((self.pair.fn["prefill_stream" + suffix](tokens, where, self._i64([start]),
                                                                    self.pair._pages(start + C), *extra, chosen), start))
-        for start in range(len(chunks) * C, len(ids), B):
+        for start in blocks:
             block = ids[start:start + B]
             chosen, last = self.pair._out(1, B), len(block) - 1
             pieces.append((self.pair.fn["verify_stream" + suffix](self._i64([self.pair._pad(block)]), where,
@@ -131,15 +131,11 @@ class StreamCalls:
 
     def absorb(self, stream: int, taps) -> None:
         """The prompt's taps (positions 0..T-1) into slot `stream` of the drafter's context cache."""
-        if isinstance(taps, list) and self.S == 1:
+        if self.S == 1:
             self.pair.absorb(taps)
-        elif isinstance(taps, list):
-            for piece, start in taps:
-                self.pair.fn["absorb_stream"](piece, self._slot(stream), self._i64([start]))
-        elif self.S > 1:
-            self.pair.fn["absorb_stream"](taps, self._slot(stream), self._i64([0]))
-        else:
-            self.pair.fn["absorb"](taps, self._i64([0]))
+            return
+        for piece, start in taps if isinstance(taps, list) else [(taps, 0)]:
+            self.pair.fn["absorb_stream"](piece, self._slot(stream), self._i64([start]))
 
     def decode(self, anchors: list[int], starts: list[int], sampling: list[tuple],
                only: int | None = None) -> list[int]:
