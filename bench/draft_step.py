@@ -224,7 +224,9 @@ def _run_options(p) -> None:
 def _report(args) -> int:
     import json
 
-    r = json.loads(Path(args.json).read_text())
+    r = json.loads(Path(args.json[0]).read_text())
+    for more in args.json[1:]:  # runs of one artifact each (one 27B artifact a process fits 80 GB)
+        r["artifacts"].update(json.loads(Path(more).read_text())["artifacts"])
     names = list(r["artifacts"])
     print(f"{r['gpu']}, after a {r['prompt_len']}-token prefill; target {r['target_weight_gb']} GB of weights\n")
     print("| artifact | drafter GB | verify ms | draft ms | draft / verify | round ms | draft dispatches |")
@@ -256,4 +258,5 @@ def _report(args) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(__doc__, {"run": (_run, _run_options),
-                            "report": (_report, lambda p: p.add_argument("json"))}))
+                            "report": (_report, lambda p: p.add_argument("json", nargs="+", help="one run's JSON, or "
+                                                          "several runs' of one artifact each (merged)"))}))
