@@ -48,6 +48,7 @@ from torch import nn
 
 from dflash_iree.config import DrafterConfig, TargetConfig
 from dflash_iree.config_qwen35 import HybridConfig
+from dflash_iree.errors import DFlashError
 from dflash_iree.manifest import DTYPES, KV_PAGE  # noqa: F401 (KV_PAGE: cache rows per page, read from here too)
 
 from .dflash import DFlashDrafter
@@ -213,21 +214,32 @@ def _finish_globals(module_op) -> None:
     """Post-import fixes on the module, in place.
 
     - Cache globals (scope `state`) get a zero splat initializer: module state, no parameter.
+      Two of one type get +0.0 and -0.0: IREE 3.13 gives mutable globals of one type and one splat
+      initial value one storage, so that writing one writes the other (experiments/2026-12-05-
+      global-aliasing/: the hybrid demo target's two attention layers' KV cache and its 2-layer
+      drafter's context cache, [1, 2, 2, 512, 128] bf16 both, drafted != plain). A third of one type,
+      or two integer ones, has no such value left and is refused.
     - `torch.constant.device "meta"` (the export ran on meta tensors) becomes "cpu": the device of a
       created tensor means nothing to IREE, but some lowerings refuse "meta".
     """
     from iree.compiler import ir
 
     with module_op.context, ir.Location.unknown():
+        seen: dict[str, list[str]] = {}  # type -> names of the state globals of that type so far
         for op in module_op.regions[0].blocks[0].operations:
             if op.operation.name != "util.global" or "initial_value" not in op.attributes:
                 continue
             if f'"{_STATE_SCOPE}"::' not in str(op.attributes["initial_value"]):
                 continue
             ty = ir.TypeAttr(op.attributes["type"]).value
+            same = seen.setdefault(str(ty), [])
+            same.append(ir.StringAttr(op.attributes["sym_name"]).value)
             element = ir.RankedTensorType(ty).element_type
+            if len(same) > (1 if isinstance(element, ir.IntegerType) else 2):
+                raise DFlashError(f"module state {', '.join(same)} are all {ty}: IREE 3.13 would give them one "
+                                  f"storage (export/aot.py _finish_globals); this pair cannot be compiled safely yet")
             zero = (ir.IntegerAttr.get(element, 0) if isinstance(element, ir.IntegerType)
-                    else ir.FloatAttr.get(element, 0.0))
+                    else ir.FloatAttr.get(element, 0.0 if len(same) == 1 else -0.0))
             op.attributes["initial_value"] = ir.DenseElementsAttr.get_splat(ty, zero)
 
         def walk(op):
