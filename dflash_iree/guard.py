@@ -141,9 +141,11 @@ def _differences(scope: str, fields, recorded: dict, found: dict, folder: Path) 
     return out
 
 
-def config_problems(manifest: Manifest, target: Path, drafter: Path) -> list[str]:
+def config_problems(manifest: Manifest, target: Path, drafter: Path, out: Path | None = None) -> list[str]:
     """Fields of the two checkpoints' config.json that differ from the configs the module was
     compiled for (the manifest's `target.config` / `drafter.config`), as problem lines (empty: fit).
+    The compile command offered as the fix names resolved folders, and `--out` the artifact folder
+    `out` when given, so that running it replaces these artifacts.
 
     A drafter trained for another block size is not a problem: the compiled graph still computes
     its model, verification keeps the output exact, and only τ falls; that warns (DFlashWarning)
@@ -158,16 +160,17 @@ def config_problems(manifest: Manifest, target: Path, drafter: Path) -> list[str
     problems = _differences("target", TARGET_FIELDS, manifest.target["config"], t, target)
     problems += _differences("drafter", DRAFTER_FIELDS, manifest.drafter["config"], d, drafter)
     trained = manifest.trained_block_size
+    recompile = (f"dflash-iree compile --arch {manifest.arch} --target {target.resolve()} --drafter {drafter.resolve()}"
+                 + (f" --out {out.resolve()}" if out is not None else ""))
     if not problems and dcfg.block_size != trained:
         warnings.warn(
             f"drafter {drafter} was trained for block_size {dcfg.block_size}, these artifacts for a drafter trained "
             f"for {trained} (verify block {manifest.block_size}): the output is exact, but fewer drafts are "
-            f"accepted (τ fell from 2.8 to 1.8 on the demo pair); for its full τ compile for it: "
-            f"dflash-iree compile --arch {manifest.arch} --target {target} --drafter {drafter}", DFlashWarning,
+            f"accepted (τ fell from 2.8 to 1.8 on the demo pair); for its full τ compile for it: {recompile}",
+            DFlashWarning,
             stacklevel=3)
     if problems:
-        problems.append(f"  the compiled graph computes the manifest's model; compile for these checkpoints: "
-                        f"dflash-iree compile --arch {manifest.arch} --target {target} --drafter {drafter}")
+        problems.append(f"  the compiled graph computes the manifest's model; compile for these checkpoints: {recompile}")
     return problems
 
 

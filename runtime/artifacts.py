@@ -224,7 +224,7 @@ class Artifacts:
         for scope, folder in folders.items():
             self.check_quantization(scope, folder)
         problems = self.check_checkpoint("target", target) + self.check_checkpoint("drafter", drafter)
-        problems = problems or guard.config_problems(self.manifest, target, drafter)
+        problems = problems or guard.config_problems(self.manifest, target, drafter, self.folder)
         if problems:
             raise DFlashError(f"the checkpoints do not fit {self.folder}/manifest.json:\n" + _problem_lines(problems)
                               + _swapped_hint(self, target, drafter))
