@@ -21,8 +21,8 @@ test: setup
 # Compile the demo pair for the host CPU (once; again when a source or the pair changes), then decode a
 # held-out code prompt plain and with DFlash: the text, tau and tok/s of each. `make demo PAIR=qwen35`
 # does the same with the hybrid pair models/demo-qwen35 (Gated DeltaNet target), compiled into
-# compiled/host-qwen35 so that the two pairs' artifacts sit side by side (that pair is not trained
-# yet: train/README.md, "The hybrid demo pair").
+# compiled/host-qwen35 so that the two pairs' artifacts sit side by side (train/README.md, "The
+# hybrid demo pair").
 PAIR ?=
 DEMO_MODELS := models/demo$(if $(PAIR),-$(PAIR))
 DEMO_OUT := compiled/host$(if $(PAIR),-$(PAIR))

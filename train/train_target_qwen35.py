@@ -31,7 +31,7 @@ LAYERS = 8  # 3 DeltaNet + 1 attention, twice
 
 
 def hybrid_config_dict() -> dict:
-    """The hybrid demo target's config.json (Qwen3_5ForCausalLM, tied embeddings, ~13M parameters)."""
+    """The hybrid demo target's config.json (Qwen3_5ForCausalLM, tied embeddings, 17.3M parameters)."""
     return {
         "architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text",
         "vocab_size": VOCAB_SIZE, "hidden_size": 384, "intermediate_size": 1024, "num_hidden_layers": LAYERS,
