@@ -216,6 +216,12 @@ def _eos_ids(folder: Path, raw: dict) -> tuple[int, ...]:
     return tuple(int(v) for v in (value if isinstance(value, list) else [value]))
 
 
+def is_drafter_config(raw: dict) -> bool:
+    """Whether a parsed config.json is a DFlash drafter's (a `dflash_config` block, or the
+    `DFlashDraftModel` architecture) rather than a target's."""
+    return "dflash_config" in raw or "DFlashDraftModel" in (raw.get("architectures") or [])
+
+
 def load_target_config(folder: str | Path) -> TargetConfig:
     """Read a Qwen3 target's `config.json` (and `generation_config.json` for eos ids); a Qwen3.5
     hybrid's (model_type qwen3_5 or qwen3_5_text) gives a `config_qwen35.HybridConfig`.
@@ -230,7 +236,7 @@ def load_target_config(folder: str | Path) -> TargetConfig:
     quant.refuse_gguf(folder)
     raw = _read_json(path, "target")
     quant.read_format(raw, path)  # a 4-bit format it cannot read is refused here, by name
-    if "dflash_config" in raw or "DFlashDraftModel" in (raw.get("architectures") or []):
+    if is_drafter_config(raw):
         raise DFlashError(f"{path}: this is a DFlash drafter config; pass it as the drafter and a Qwen3 or "
                           "Qwen3.5-family model as the target")
     from . import config_qwen35  # imports this module
@@ -296,7 +302,7 @@ def load_drafter_config(folder: str | Path, target: TargetConfig) -> DrafterConf
         raise DFlashError(f"{path}: is_causal overrides are not implemented; a drafter's full_attention layers attend "
                           "bidirectionally in the block and its sliding_attention layers causally: drop the field")
     if "mask_token_id" not in dcfg and "mask_token_id" not in raw:
-        if not dcfg and "DFlashDraftModel" not in (raw.get("architectures") or []):
+        if not is_drafter_config(raw):
             raise DFlashError(f"{path}: this is not a DFlash drafter config (no dflash_config; model_type "
                               f"{raw.get('model_type')!r}): pass a Qwen3 or Qwen3.5-family model as the target and a DFlash drafter "
                               "as the drafter")

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from dflash_iree import guard
 from dflash_iree.checkpoint import index_checkpoint
+from dflash_iree.config import is_drafter_config
 from dflash_iree.errors import DFlashError
 from dflash_iree.manifest import MANIFEST_FILE, Manifest, numpy_dtype
 
@@ -221,6 +222,7 @@ class Artifacts:
         if missing:
             raise DFlashError("\n".join(missing))
         target, drafter = folders["target"], folders["drafter"]
+        _refuse_wrong_kind(target, drafter)
         for scope, folder in folders.items():
             self.check_quantization(scope, folder)
         problems = self.check_checkpoint("target", target) + self.check_checkpoint("drafter", drafter)
@@ -320,6 +322,32 @@ def _problem_lines(problems: list[str]) -> str:
     params = [p for p in problems if not p.startswith(DTYPE_HINT)]
     more = len(params) - MAX_PROBLEM_LINES
     return "\n".join(params[:MAX_PROBLEM_LINES] + ([f"  ... and {more} more"] if more > 0 else []) + hints)
+
+
+def _refuse_wrong_kind(target: Path, drafter: Path) -> None:
+    """One line when --target holds a DFlash drafter or --drafter a target, by their config.json
+    (a folder without one is left to the parameter check).
+
+    Raises:
+        DFlashError: naming the folder (both, when they look swapped) and the fix.
+    """
+    import json
+
+    def drafter_config(folder: Path) -> bool | None:
+        try:
+            return is_drafter_config(json.loads((folder / "config.json").read_text()))
+        except (OSError, ValueError):
+            return None
+
+    t, d = drafter_config(target), drafter_config(drafter)
+    if t is True and d is False:
+        raise DFlashError(f"--target {target} holds a DFlash drafter and --drafter {drafter} a target "
+                          "(their config.json): they look swapped; pass them the other way round")
+    if d is False:
+        raise DFlashError(f"--drafter {drafter}: its config.json is a target's, not a DFlash drafter's; "
+                          "pass the drafter's folder")
+    if t is True:
+        raise DFlashError(f"--target {target}: its config.json is a DFlash drafter's; pass the target's folder")
 
 
 def _swapped_hint(arts: Artifacts, target: Path, drafter: Path) -> str:
