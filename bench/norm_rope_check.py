@@ -1,17 +1,22 @@
 """Bit parity of the head norm + rope dispatch (kernels/norm_rope/dispatch.py) with the eager PyTorch ops, on a GPU.
 
     python bench/norm_rope_check.py prepare --arch sm_80       # here: standalone modules into .gpu/norm_rope/
+    make device-wheels && python bench/pack_device.py artifacts norm_rope   # .gpu/wheels, .gpu/artifacts.zip
     bash bench/on_device.sh python3 bench/norm_rope_check.py run --json OUT   # on the GPU machine
 
 Each case (the Qwen3-8B q and k shapes of decode and verify, a dynamic token count, tiny float32,
 float16; q and k in one dispatch, each output checked) runs the kernel on seeded inputs (cos, sin of real positions) and compares it with
 export/qwen3.py's `apply_rope(rms_norm(x, w, eps), cos, sin)` in eager PyTorch on the CPU: the
-share of bit-equal elements and the largest distance in units in the last place of the dtype. The
+share of bit-equal elements and the largest distance in units in the last place of the dtype.
+The variant cases (Qwen3.5-27B's and the demo hybrid target's q and k: zero-centred, 64 of 256 and
+16 of 64 dims rotated, q read in place from [H, 2 hd]; names end in `_zc_r{R}_s{X}`) compare with
+export/qwen35.py's `partial_rope(zc_rms_norm(x, w, eps), cos, sin)` instead, cos and sin as
+export/qwen35_rope.py computes them (plain RoPE over the first R dims, scaled by 1.0). The
 two sum the squares in different orders, so the f32 scale may round differently and move the
 normed value by one ulp (and each product after it by about as much); the rope's sum y*cos - y'*sin can cancel and carry that one ulp of each
 term into many ulps of a small result. So an element passes at <= 1 ulp, or within 4 ulps of each
-term's magnitude: |err| <= 4 eps (|y cos| + |y' sin|), with y the eager normed value; anything
-more is a bug. (Measured: bf16 and f16 bit-equal but 1 element in about 500k at 1 ulp; f32 is where the
+term's magnitude: |err| <= 4 eps (|y cos| + |y' sin|), with y the eager normed value (the dims a
+partial rotary passes through: 1 ulp); anything more is a bug. (Measured: bf16 and f16 bit-equal but 1 element in about 500k at 1 ulp; f32 is where the
 cancellation shows.)
 """
 
@@ -24,19 +29,40 @@ import common
 from common import main, write_json
 
 WORK = common.WORK / "norm_rope"
-# (S, T, H, head_dim, dtype, eps[, Hk]); T None: a dynamic token count, run with DYNAMIC_T tokens;
-# Hk: q (H heads) and k (Hk heads) in one dispatch (dflash_norm_rope2), each output checked.
+# (S, T, H, head_dim, dtype, eps[, Hk[, (rotary_dim, x_stride)]]); T None: a dynamic token count, run
+# with DYNAMIC_T tokens; Hk: q (H heads) and k (Hk heads) in one dispatch (dflash_norm_rope2), each
+# output checked (None: x alone); with the last, Qwen3.5's variant (dflash_norm_rope_v / 2_v):
+# zero-centred, rotary_dim dims rotated, x [S, T, H, x_stride] of which each head's first head_dim.
 CASES = [(1, 1, 32, 128, "bf16", 1e-6), (1, 1, 8, 128, "bf16", 1e-6), (1, 16, 32, 128, "bf16", 1e-6),
          (1, 16, 8, 128, "bf16", 1e-6), (1, None, 8, 128, "bf16", 1e-6), (1, 8, 4, 16, "f32", 1e-6),
          (1, 5, 4, 64, "f16", 1e-5), (1, 1, 32, 128, "bf16", 1e-6, 8), (1, 16, 32, 128, "bf16", 1e-6, 8),
-         (1, None, 32, 128, "bf16", 1e-6, 8), (2, 8, 4, 16, "f32", 1e-6, 2)]
+         (1, None, 32, 128, "bf16", 1e-6, 8), (2, 8, 4, 16, "f32", 1e-6, 2),
+         # Qwen3.5-27B (24 q, 4 kv heads, hd 256, 64 rotated): decode, verify, prefill, k alone, q alone
+         (1, 1, 24, 256, "bf16", 1e-6, 4, (64, 512)), (1, 16, 24, 256, "bf16", 1e-6, 4, (64, 512)),
+         (1, None, 24, 256, "bf16", 1e-6, 4, (64, 512)), (1, 16, 4, 256, "bf16", 1e-6, None, (64, 256)),
+         (1, 16, 24, 256, "bf16", 1e-6, None, (64, 512)),
+         # the demo hybrid target (6 q, 2 kv heads, hd 64, 16 rotated): decode, verify, f32, f16
+         (1, 1, 6, 64, "bf16", 1e-6, 2, (16, 128)), (1, 8, 6, 64, "bf16", 1e-6, 2, (16, 128)),
+         (1, 8, 6, 64, "f32", 1e-6, 2, (16, 128)), (1, 5, 6, 64, "f16", 1e-6, 2, (16, 128))]
 DYNAMIC_T = 37
+THETA = {256: 1e7, 64: 1e4}  # the variants' rope_theta by head_dim: Qwen3.5-27B's, the demo target's
+
+
+def _heads(case) -> list[int]:
+    """The heads of x, then of k where the case pairs them."""
+    return [case[2]] + ([case[6]] if len(case) > 6 and case[6] is not None else [])
+
+
+def _variant(case):
+    """(rotary_dim, x_stride) of a variant case, else None."""
+    return case[7] if len(case) > 7 else None
 
 
 def _name(case) -> str:
     S, T, H, D, dtype = case[:5]
-    heads = f"{H}" if len(case) < 7 else f"{H}_{case[6]}"
-    return f"{S}x{'D' if T is None else T}x{heads}x{D}_{dtype}"
+    v = _variant(case)
+    tail = "" if v is None else f"_zc_r{v[0]}_s{v[1]}"
+    return f"{S}x{'D' if T is None else T}x{'_'.join(map(str, _heads(case)))}x{D}_{dtype}{tail}"
 
 
 def prepare(arch: str) -> None:
@@ -49,28 +75,52 @@ def prepare(arch: str) -> None:
     WORK.mkdir(parents=True, exist_ok=True)
     flags = compile_flags(resolve_arch(arch)[0])
     for case in CASES:
-        d = norm_rope_dispatch(*case[:6], arch, Hk=case[6] if len(case) > 6 else None)
+        v = _variant(case)
+        Hk = case[6] if len(case) > 6 else None
+        kw = {} if v is None else {"zero_centered": True, "rotary_dim": v[0], "x_stride": v[1]}
+        d = norm_rope_dispatch(*case[:6], arch, Hk=Hk, **kw)
         ic.compile_str(standalone_module(d), extra_args=flags + d.flags, output_file=str(WORK / f"{_name(case)}.vmfb"))
     (WORK / "cases.json").write_text(json.dumps({"arch": arch, "cases": CASES}) + "\n")
 
 
 def _inputs(case, seed: int):
-    """[(x [S, T, H, D], w [D]), and for a pair (k [S, T, Hk, D], wk [D])], cos, sin [S, T, D] in the
-    case's dtype (torch, CPU)."""
+    """[(x [S, T, H, X], w [D]), and for a pair (k [S, T, Hk, D], wk [D])], cos, sin [S, T, R] in the
+    case's dtype (torch, CPU). Qwen3: X = R = D, weights around 1. A variant: q's X its x_stride
+    (k's D), R its rotary_dim, weights around 0 (zero-centred), the tables of export/qwen35_rope.py."""
     import torch
 
     from dflash_iree.export.qwen3 import rope_tables
+    from dflash_iree.export.rope import cos_sin, inv_freq
 
     S, T, H, D, dtype = case[:5]
     T = DYNAMIC_T if T is None else T
     dt = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[dtype]
     g = torch.Generator().manual_seed(seed)
-    heads = [H] + list(case[6:])
-    xs = [((torch.randn(S, T, h, D, generator=g) * 3).to(dt), (1 + 0.3 * torch.randn(D, generator=g)).to(dt))
-          for h in heads]
+    v = _variant(case)
+    widths = [D] * len(_heads(case)) if v is None else [v[1]] + [D] * (len(_heads(case)) - 1)
+    w0 = 1.0 if v is None else 0.0
+    xs = [((torch.randn(S, T, h, X, generator=g) * 3).to(dt), (w0 + 0.3 * torch.randn(D, generator=g)).to(dt))
+          for h, X in zip(_heads(case), widths)]
     positions = torch.randint(0, 4096, (S, T), generator=g)
-    cos, sin = rope_tables(positions, D, 1e6, dt)
+    if v is None:
+        cos, sin = rope_tables(positions, D, 1e6, dt)
+    else:  # export/qwen35_rope.py `rope_tables` of a plain-RoPE config: the factor 1.0 multiplied all the same
+        freq, scale = inv_freq(v[0], THETA[D])
+        cos, sin = cos_sin(positions, freq, dt, scale)
     return xs, cos, sin
+
+
+def _eager(case, x, w, cos, sin):
+    """(the eager normed value y [S, T, H, D], the eager result) of the case's ops on x."""
+    from dflash_iree.export.qwen3 import apply_rope, rms_norm
+    from dflash_iree.export.qwen35 import partial_rope, zc_rms_norm
+
+    D = w.shape[-1]
+    if _variant(case) is None:
+        y = rms_norm(x, w, case[5])
+        return y, apply_rope(y, cos, sin)
+    y = zc_rms_norm(x[..., :D], w, case[5])
+    return y, partial_rope(y, cos, sin)
 
 
 def _ordered(t):
@@ -90,8 +140,6 @@ def run(out_json: str) -> dict:
     import numpy as np
     import torch
 
-    from dflash_iree.export.qwen3 import apply_rope, rms_norm
-
     meta = json.loads((WORK / "cases.json").read_text())
     device = rt.get_device("cuda")
     np_dtype = {"f32": np.float32, "bf16": ml_dtypes.bfloat16, "f16": np.float16}
@@ -109,12 +157,13 @@ def run(out_json: str) -> dict:
             outs = fn(*[rt.asdevicearray(device, h) for h in host])
             outs = outs if isinstance(outs, (tuple, list)) else [outs]
             for (x, w), out in zip(xs, outs):
-                y = rms_norm(x, w, case[5])
-                want = apply_rope(y, cos, sin)
-                half = y.shape[-1] // 2
-                swapped = torch.cat([y[..., half:], y[..., :half]], -1).float()
-                bound = 4 * torch.finfo(y.dtype).eps * (y.float().abs() * cos[:, :, None].float().abs()
+                y, want = _eager(case, x, w, cos, sin)
+                R = cos.shape[-1]
+                half = R // 2
+                swapped = torch.cat([y[..., half:R], y[..., :half]], -1).float()
+                bound = 4 * torch.finfo(y.dtype).eps * (y[..., :R].float().abs() * cos[:, :, None].float().abs()
                                                          + swapped.abs() * sin[:, :, None].float().abs())
+                bound = torch.cat([bound, torch.zeros_like(y[..., R:], dtype=torch.float32)], -1)  # passed through: 1 ulp
                 got_np = np.asarray(out.to_host())
                 got = torch.from_numpy(got_np.view({2: np.int16, 4: np.int32}[got_np.itemsize]).copy()).view(want.dtype)
                 ulp = (_ordered(got) - _ordered(want)).abs()

@@ -2,11 +2,17 @@
 
 Every op becomes one dispatch, named `dflash_norm_rope_{S}x{T}x{H}x{hd}_{dtype}_{eps bits}` (T "D"
 when dynamic); a layer's q and k ops (the same cos and sin) become one, `..._{S}x{T}x{Hq}_{Hk}x{hd}_...`.
+Qwen3.5's variants (export/qwen35.py `GatedAttention`) take the kernel on every GPU arch as Qwen3's
+ops do, through its `_v` entry points: a zero-centred norm (name suffix `_zc`), a partial rotary of
+R dims (`_r{R}`), and an x wider than the head, whose first hd values a head are read in place
+(`_s{X}`, `_s{Xq}_{Xk}` for a pair: q inside q_proj's [query, gate] heads, X = 2 hd).
 The op has no reference operand: only the GPU form exports it and every GPU arch has the kernel, so
-an arch without it (the host) is refused, as is a zero-centred norm or a partial rotary (no kernel yet).
+an arch without it (the host) is refused.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from dflash_iree.errors import DFlashError
 
@@ -19,16 +25,41 @@ def _dims(x) -> list[str]:
     return builtin_type(x.type)[len("tensor<"):-1].split("x")
 
 
-def _parse_norm_rope(op):
-    """(S, T, H, hd, dtype, eps) of a head norm + rope op; T None when dynamic. Raises DFlashError."""
+@dataclass(frozen=True)
+class _Op:
+    """One head norm + rope op: x [S, T, H, X] (T None when dynamic), each head the first hd of its X
+    values; a zero-centred norm or not; R rotated dims (hd: all)."""
+
+    S: int
+    T: int | None
+    H: int
+    X: int
+    hd: int
+    dtype: str
+    eps: float
+    zc: bool
+    R: int
+
+    @property
+    def shared(self) -> tuple:
+        """What the two ops of a pair must share (all but H and X)."""
+        return self.S, self.T, self.hd, self.dtype, self.eps, self.zc, self.R
+
+
+def _parse_norm_rope(op) -> _Op:
+    """The shape and parameters of a head norm + rope op. Raises DFlashError for an x that is not
+    [S, T, H, X] with static S, H, X, a weight that is not [hd] with hd <= X, or parameters that are
+    not constants."""
     x, weight, cos, sin, eps, zero_centered, rotary_dim = op.operands
-    dims = _dims(x)
+    dims, wdims = _dims(x), _dims(weight)
     if len(dims) != 5 or "?" in (dims[0], dims[2], dims[3]):
         raise DFlashError(f"splice: {NORM_ROPE_OP} takes x [S, T, H, hd] with static S, H, hd, got {x.type}")
-    if constant_bool(zero_centered) or constant_int(rotary_dim) not in (0, int(dims[3])):
-        raise DFlashError(f"splice: {NORM_ROPE_OP} with a zero-centred norm or a partial rotary has no kernel "
-                          "yet, and the op no reference to fall back on: export it op by op (export/qwen3.py)")
-    return int(dims[0]), None if dims[1] == "?" else int(dims[1]), int(dims[2]), int(dims[3]), dims[4], constant_float(eps)
+    if len(wdims) != 2 or not wdims[0].isdigit() or int(wdims[0]) > int(dims[3]):
+        raise DFlashError(f"splice: {NORM_ROPE_OP} takes a weight [hd] with hd at most x's last dim "
+                          f"{dims[3]}, got {weight.type}")
+    hd, R = int(wdims[0]), constant_int(rotary_dim)
+    return _Op(int(dims[0]), None if dims[1] == "?" else int(dims[1]), int(dims[2]), int(dims[3]), hd, dims[4],
+               constant_float(eps), constant_bool(zero_centered), hd if R == 0 else R)
 
 
 def _norm_rope_pairs(ops) -> list[list]:
@@ -39,7 +70,7 @@ def _norm_rope_pairs(ops) -> list[list]:
     The positions are read once per block: only annotations of a paired op move, and none is read again.
 
     Raises:
-        DFlashError: an op whose x is not [S, T, H, hd] with static S, H, hd, or whose eps is not a constant.
+        DFlashError: what `_parse_norm_rope` refuses.
     """
     order: dict = {}
     runs, left = [], list(ops)
@@ -52,8 +83,7 @@ def _norm_rope_pairs(ops) -> list[list]:
         b = next((o for o in left if o.operation.block == block and o.operands[2] == a.operands[2]
                   and o.operands[3] == a.operands[3]), None)
         if b is not None:
-            sa, sb = _parse_norm_rope(a), _parse_norm_rope(b)
-            fits = (sa[:2] + sa[3:]) == (sb[:2] + sb[3:])
+            fits = _parse_norm_rope(a).shared == _parse_norm_rope(b).shared
             at = pos[b.operation]
             early = [getattr(u.owner, "operation", u.owner) for r in a.results for u in r.uses]
             early = [o for o in early if pos.get(o, -1) <= at]  # b itself taking a's result: no pair
@@ -68,19 +98,22 @@ def _norm_rope_pairs(ops) -> list[list]:
 
 
 def lower_norm_rope(module, arch: str, pairs: bool = True):
-    """Replace every `torch.dflash.head_norm_rope` op (x [S, T, H, hd], weight [hd], cos, sin [S, T, hd],
-    eps) with the head norm + rope dispatch for ARCH (kernels/norm_rope/), one function per shape,
-    dtype and eps, named `dflash_norm_rope_{S}x{T}x{H}x{hd}_{dtype}_{eps bits}` (T: "D" when dynamic).
-    With PAIRS (the default), a layer's q and k ops (`_norm_rope_pairs`: the same position tables)
-    become one dispatch, `dflash_norm_rope_{S}x{T}x{H}_{Hk}x{hd}_{dtype}_{eps bits}`, one launch
-    less a layer and step.
+    """Replace every `torch.dflash.head_norm_rope` op (x [S, T, H, X], weight [hd] with hd <= X, cos,
+    sin [S, T, R], eps, zero_centered, rotary_dim R; export/ops.py) with the head norm + rope dispatch
+    for ARCH (kernels/norm_rope/), one function per shape, dtype and parameters, named
+    `dflash_norm_rope_{S}x{T}x{H}x{hd}_{dtype}_{eps bits}` (T: "D" when dynamic) plus the variants'
+    suffixes (module docstring). With PAIRS (the default), a layer's q and k ops (`_norm_rope_pairs`:
+    the same position tables) become one dispatch, `dflash_norm_rope_{S}x{T}x{H}_{Hk}x{hd}_...`, one
+    launch less a layer and step.
 
     Returns None when there was no such op, else a `Lowered` (export/splice.py) whose entries are
-    (S, T, H, head_dim, dtype, count) per shape (H a list [H, Hk] for a pair).
+    (S, T, H, head_dim, dtype, count) per shape (H a list [H, Hk] for a pair), and for the variants
+    also zero_centered, rotary_dim and head_stride (X; a list [Xq, Xk] for a pair).
 
     Raises:
-        DFlashError: operands of another rank or of mixed dtypes, eps not a constant, or what
-            `norm_rope_dispatch` refuses (an arch without the kernel, such as host, an odd head_dim).
+        DFlashError: operands of another rank or of mixed dtypes, parameters not constants, or what
+            `norm_rope_dispatch` refuses (an arch without the kernel, such as host, an odd head_dim
+            or rotary_dim).
     """
     from dflash_iree.kernels.attention import f32_bits
     from dflash_iree.kernels.norm_rope import norm_rope_dispatch
@@ -91,21 +124,31 @@ def lower_norm_rope(module, arch: str, pairs: bool = True):
     out = Lowered(rule={"kernel": has_kernel(arch, "norm_rope"), "pairs": pairs})
     counts: dict[tuple, int] = {}
     for run in _norm_rope_pairs(ops) if pairs else [[op] for op in ops]:
-        S, T, H, D, dtype, e = _parse_norm_rope(run[0])
-        Hk = _parse_norm_rope(run[1])[2] if len(run) == 2 else None
+        q = _parse_norm_rope(run[0])
+        k = _parse_norm_rope(run[1]) if len(run) == 2 else None
+        S, T, H, D, dtype, e = q.S, q.T, q.H, q.hd, q.dtype, q.eps
+        Hk = None if k is None else k.H
+        strides = (q.X,) if k is None else (q.X, k.X)
+        variant = q.zc or q.R != D or any(x != D for x in strides)
         heads = f"{H}" if Hk is None else f"{H}_{Hk}"
         name = f"dflash_norm_rope_{S}x{'D' if T is None else T}x{heads}x{D}_{dtype}_{f32_bits(e):08x}"
-        d = norm_rope_dispatch(S, T, H, D, dtype, e, arch, name=name, Hk=Hk)
+        if variant:
+            name += ("_zc" if q.zc else "") + (f"_r{q.R}" if q.R != D else "")
+            name += "" if all(x == D for x in strides) else "_s" + "_".join(map(str, strides))
+        d = norm_rope_dispatch(S, T, H, D, dtype, e, arch, name=name, Hk=Hk, zero_centered=q.zc, rotary_dim=q.R,
+                               x_stride=q.X, k_stride=None if k is None else k.X)
         operands = [v for op in run for v in op.operands[:2]] + list(run[0].operands[2:4])
         got = [builtin_type(v.type) for v in operands]
         if got != d.operand_types:
-            raise DFlashError(f"splice: {NORM_ROPE_OP} operands {', '.join(got)} are not x [S, T, H, hd], "
-                              f"weight [hd], cos and sin [S, T, hd] of one dtype")
+            raise DFlashError(f"splice: {NORM_ROPE_OP} operands {', '.join(got)} are not x [S, T, H, X], "
+                              f"weight [hd], cos and sin [S, T, rotary_dim] of one dtype")
         add_functions(module, d.mlir)
         replace_with_call(run, d.func, operands, d.result_types, at_last=True)
         out.flags += [f for f in d.flags if f not in out.flags]
-        key = (S, T, H if Hk is None else (H, Hk), D, dtype)
+        key = (S, T, H if Hk is None else (H, Hk), D, dtype, (q.zc, q.R, strides) if variant else None)
         counts[key] = counts.get(key, 0) + 1
-    out.entries = [{"S": S, "T": T, "H": H if isinstance(H, int) else list(H), "head_dim": D, "dtype": dt, "ops": c}
-                   for (S, T, H, D, dt), c in sorted(counts.items(), key=lambda kv: str(kv[0]))]
+    out.entries = [{"S": S, "T": T, "H": H if isinstance(H, int) else list(H), "head_dim": D, "dtype": dt, "ops": c,
+                    **({} if v is None else {"zero_centered": v[0], "rotary_dim": v[1],
+                                             "head_stride": v[2][0] if len(v[2]) == 1 else list(v[2])})}
+                   for (S, T, H, D, dt, v), c in sorted(counts.items(), key=lambda kv: str(kv[0]))]
     return out

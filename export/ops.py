@@ -25,7 +25,8 @@ The ops (shapes: S streams, T tokens, M = S * T rows; dtypes: one float dtype th
   silu(x . G^T) * (x . U^T) (the MLP's gate and up).
 - `dflash::block_attention(q [S, T, Hq, hd], cache [S, L, 2, C, Hkv * hd], layer, mask, ref, gate, scale)`:
   a block's attention over the first N rows of one layer of the KV cache.
-- `dflash::head_norm_rope(x [S, T, H, hd], weight [hd], cos, sin [S, T, hd], eps, zero_centered, rotary_dim)`.
+- `dflash::head_norm_rope(x [S, T, H, X], weight [hd], cos, sin [S, T, rotary_dim or hd], eps, zero_centered,
+  rotary_dim)`: each head the first hd <= X values of x (X = 2 hd: Qwen3.5's q inside q_proj's [query, gate] heads).
 - `dflash::topk_logprobs(logits [n, V] f32, temperature [] f32, k)`.
 
 The linear ops take a packed 4-bit form ("Packed 4-bit form" below; `scales` [] and `group_size` 0 for
@@ -155,29 +156,38 @@ def _block_attention_fake(q, cache, layer, mask, ref, gate=None, scale=None):
 @torch.library.custom_op("dflash::head_norm_rope", mutates_args=())
 def head_norm_rope(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    eps: float, zero_centered: bool = False, rotary_dim: int = 0) -> torch.Tensor:
-    """`apply_rope(rms_norm(x, weight, eps), cos, sin)` of export/qwen3.py, as one op.
+    """`apply_rope(rms_norm(x, weight, eps), cos, sin)` of export/qwen3.py (Qwen3's q/k norm and rope),
+    or `partial_rope(zc_rms_norm(x, weight, eps), cos, sin)` of export/qwen35.py (Qwen3.5's), as one op.
 
     Args:
-        x: [S, T, H, hd]; weight: [hd]; cos, sin: [S, T, rotary_dim or hd]; all of one dtype (f32, bf16, f16).
+        x: [S, T, H, X] with X >= hd: each head is x[..., :hd] (X = hd, or X = 2 hd for q read in
+            place from q_proj's interleaved [query, gate] heads; the kernel reads it strided where
+            IREE would copy the slice out in a dispatch of its own).
+        weight: [hd]; cos, sin: [S, T, rotary_dim or hd]; all of one dtype (f32, bf16, f16).
         eps: the RMSNorm epsilon.
-        zero_centered: the norm scales by (1 + weight) instead of weight (no kernel yet).
-        rotary_dim: rotate only the first rotary_dim dims of each head, the rest pass through; 0 for
-            all hd (no kernel for a partial rotation yet).
+        zero_centered: the norm scales by (1 + weight), in float32, with one rounding to x's dtype
+            (`zc_rms_norm`), instead of weight * the normed value rounded (`rms_norm`).
+        rotary_dim: rotate only the first rotary_dim dims of each head, the rest pass through
+            (`partial_rope`); 0 or hd for all of them.
 
     Returns:
-        [S, T, H, hd] in x's dtype.
+        [S, T, H, hd] in x's dtype, bit for bit what the eager modules compute.
     """
-    from .qwen3 import apply_rope, rms_norm  # qwen3 imports this module
+    from .qwen3 import apply_rope, rms_norm  # both import this module
+    from .qwen35 import partial_rope, zc_rms_norm
 
-    y = rms_norm(x, 1 + weight if zero_centered else weight, eps)
-    if rotary_dim in (0, x.shape[-1]):
+    hd = weight.shape[-1]
+    x = x[..., :hd]
+    y = zc_rms_norm(x, weight, eps) if zero_centered else rms_norm(x, weight, eps)
+    if rotary_dim in (0, hd):
         return apply_rope(y, cos, sin)
-    return torch.cat([apply_rope(y[..., :rotary_dim], cos, sin), y[..., rotary_dim:]], -1)
+    return partial_rope(y, cos[..., :rotary_dim], sin[..., :rotary_dim])
 
 
 @head_norm_rope.register_fake
 def _head_norm_rope_fake(x, weight, cos, sin, eps, zero_centered=False, rotary_dim=0):
-    return torch.empty_like(x)
+    torch._check(weight.shape[-1] <= x.shape[-1])
+    return x.new_empty((*x.shape[:-1], weight.shape[-1]))
 
 
 @torch.library.custom_op("dflash::topk_logprobs", mutates_args=())

@@ -77,13 +77,26 @@ class GatedAttention(nn.Module):
         self.k_norm = ZCRMSNorm(cfg.head_dim, cfg.rms_norm_eps, dtype, device)
 
     def qkv_gate(self, x: torch.Tensor, cos, sin):
-        """x [S, T, hidden] -> rotated q [S, T, Hq, hd], k, v [S, T, Hkv, hd], gate [S, T, Hq * hd]."""
+        """x [S, T, hidden] -> rotated q [S, T, Hq, hd], k, v [S, T, Hkv, hd], gate [S, T, Hq * hd].
+
+        The q/k norms and rope are exported in the "fused" (GPU) form as the custom op
+        `dflash::head_norm_rope` (export/ops.py; zero-centred, rotary_dim dims rotated), which
+        export/splice.py replaces with one dispatch for q and k (kernels/norm_rope/), q read in place
+        from the [query, gate] heads. Eager runs (the reference, training) and the CPU form compute
+        them op by op, as export/qwen3.py `norm_rope` does for Qwen3.
+        """
         c = self.cfg
         S, T, _ = x.shape
         qg, k, v = project(x, (self.q_proj, self.k_proj, self.v_proj))
-        q, gate = qg.view(S, T, c.num_attention_heads, 2 * c.head_dim).chunk(2, -1)
-        q = partial_rope(self.q_norm(q), cos, sin)
-        k = partial_rope(self.k_norm(k.view(S, T, c.num_key_value_heads, c.head_dim)), cos, sin)
+        qg = qg.view(S, T, c.num_attention_heads, 2 * c.head_dim)
+        q, gate = qg.chunk(2, -1)
+        k = k.view(S, T, c.num_key_value_heads, c.head_dim)
+        if self.attention == "fused" and torch.compiler.is_exporting():
+            q = ops.head_norm_rope(qg, self.q_norm.weight, cos, sin, self.q_norm.eps, True, c.rotary_dim)
+            k = ops.head_norm_rope(k, self.k_norm.weight, cos, sin, self.k_norm.eps, True, c.rotary_dim)
+        else:
+            q = partial_rope(self.q_norm(q), cos, sin)
+            k = partial_rope(self.k_norm(k), cos, sin)
         return q, k, v.view(S, T, c.num_key_value_heads, c.head_dim), gate.reshape(S, T, c.q_dim)
 
 

@@ -18,7 +18,7 @@ GEMM_KERNELS = tuple(f"dflash_{e}_mt{mt}" for e in ("gemm", "gemm2", "gemm3", "g
     "dflash_gemm_reduce",)
 GEMM_Q4_KERNELS = tuple(f"dflash_q4{e}_mt{mt}" for e in ("gemm", "gemm2", "gemm3", "gemm_res", "swiglu") for mt in (1, 2, 3, 4))
 ATTENTION_KERNELS = ("dflash_attention",)
-NORM_ROPE_KERNELS = ("dflash_norm_rope", "dflash_norm_rope2")
+NORM_ROPE_KERNELS = ("dflash_norm_rope", "dflash_norm_rope2", "dflash_norm_rope_v", "dflash_norm_rope2_v")
 
 
 def kernels_of(name: str) -> tuple[str, ...]:

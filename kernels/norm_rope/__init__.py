@@ -1,4 +1,5 @@
-"""Qwen3's per-head q_norm / k_norm and RoPE in one dispatch (q and k of a layer together).
+"""The per-head q_norm / k_norm and RoPE in one dispatch (q and k of a layer together): Qwen3's, and
+Qwen3.5's zero-centred, partial-rotary variant with q read in place from [query, gate] heads.
 
 - norm_rope_body.h, norm_rope_gpu.cu: the kernel and its GPU layer (every GPU arch, built with
   -ffp-contract=off);

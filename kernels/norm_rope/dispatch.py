@@ -15,6 +15,12 @@ does a layer's q and k (`dflash_norm_rope2`, the same arithmetic per head):
     util.func private @{name}(%q: tensor<S x T x H x D>, %wq, %k: tensor<S x T x Hk x D>, %wk, %cos, %sin)
         -> (tensor<S x T x H x D>, tensor<S x T x Hk x D>)
 
+The variants of Qwen3.5's gated attention (export/qwen35.py `zc_rms_norm` then `partial_rope`) take
+the entry points `dflash_norm_rope_v` / `dflash_norm_rope2_v`: `zero_centered` scales by (1 + w) in
+float32, `rotary_dim` R rotates the first R dims of a head (cos and sin [S, T, R]), and `x_stride`
+(`k_stride`) reads each head as the first hd of that many values, so that q is read in place from
+q_proj's [query, gate] heads (x [S, T, H, 2 hd]). Without them the text is Qwen3's, as before.
+
 GPU archs only; the host CPU keeps IREE's lowering. No IREE import here: this module only writes text.
 """
 
@@ -54,6 +60,21 @@ class NormRopeDispatch:
     flags: list[str] = field(default_factory=list)
     objects: list[Path] = field(default_factory=list)
     Hk: int | None = None  # k's heads when the dispatch does q and k together
+    zero_centered: bool = False  # the norm scales by (1 + w), in float32 (Qwen3.5)
+    rotary_dim: int | None = None  # the rotated dims of a head; None: all D
+    x_stride: int | None = None  # values per head of x (its last dim); None: D
+    k_stride: int | None = None  # the same of k, with Hk
+
+    @property
+    def R(self) -> int:
+        """The rotated dims of a head."""
+        return self.D if self.rotary_dim is None else self.rotary_dim
+
+    @property
+    def variant(self) -> bool:
+        """Whether the dispatch takes the variants' entry point (`dflash_norm_rope_v` / `2_v`)."""
+        return (self.zero_centered or self.R != self.D or (self.x_stride or self.D) != self.D
+                or (self.k_stride or self.D) != self.D)
 
     @property
     def func(self) -> str:
@@ -62,14 +83,15 @@ class NormRopeDispatch:
 
     @property
     def types(self) -> tuple[str, str, str]:
-        """The builtin types of x (and the result), of the weight, and of cos / sin."""
-        return _types(self.S, self.T, self.H, self.D, self.dtype)
+        """The builtin types of the result (x's too unless x_stride), of the weight, and of cos / sin."""
+        return _types(self.S, self.T, self.H, self.D, self.dtype, self.R)
 
     @property
     def operand_types(self) -> list[str]:
         """The function's operand types in order: x, w (q then k with Hk), cos, sin."""
-        x_t, w_t, c_t = self.types
-        k = [] if self.Hk is None else [_types(self.S, self.T, self.Hk, self.D, self.dtype)[0], w_t]
+        _, w_t, c_t = self.types
+        x_t = _types(self.S, self.T, self.H, self.x_stride or self.D, self.dtype)[0]
+        k = [] if self.Hk is None else [_types(self.S, self.T, self.Hk, self.k_stride or self.D, self.dtype)[0], w_t]
         return [x_t, w_t, *k, c_t, c_t]
 
     @property
@@ -78,9 +100,10 @@ class NormRopeDispatch:
         return [self.types[0]] + ([] if self.Hk is None else [_types(self.S, self.T, self.Hk, self.D, self.dtype)[0]])
 
 
-def _types(S: int, T: int | None, H: int, D: int, dtype: str) -> tuple[str, str, str]:
+def _types(S: int, T: int | None, H: int, D: int, dtype: str, R: int | None = None) -> tuple[str, str, str]:
     t = "?" if T is None else T
-    return f"tensor<{S}x{t}x{H}x{D}x{dtype}>", f"tensor<{D}x{dtype}>", f"tensor<{S}x{t}x{D}x{dtype}>"
+    return (f"tensor<{S}x{t}x{H}x{D}x{dtype}>", f"tensor<{D}x{dtype}>",
+            f"tensor<{S}x{t}x{D if R is None else R}x{dtype}>")
 
 
 def object_file(arch: str) -> Path:
@@ -89,7 +112,9 @@ def object_file(arch: str) -> Path:
 
 
 def norm_rope_dispatch(S: int, T: int | None, H: int, D: int, dtype: str, eps: float, arch: str, *,
-                       name: str = "dflash_norm_rope", Hk: int | None = None) -> NormRopeDispatch:
+                       name: str = "dflash_norm_rope", Hk: int | None = None, zero_centered: bool = False,
+                       rotary_dim: int | None = None, x_stride: int | None = None,
+                       k_stride: int | None = None) -> NormRopeDispatch:
     """Builds the spliceable head norm + rope of x [S, T, H, hd] on ARCH (sm_80/86/89, gfx1030/1100/1151/1201).
 
     T: the token count, or None when it is dynamic. dtype: 'f32', 'bf16' or 'f16' (x, the weight,
@@ -97,23 +122,40 @@ def norm_rope_dispatch(S: int, T: int | None, H: int, D: int, dtype: str, eps: f
     function also takes k [S, T, Hk, hd] and its weight after x's, and returns both (module
     docstring): q and k of a layer share eps, head_dim and the position tables, and one dispatch is
     one launch less in every layer of every step.
-    Raises DFlashError for an arch without the kernel, an odd head_dim, another dtype, or a missing object.
+    The variants (module docstring; any of them selects the `_v` entry points): zero_centered: the
+    norm scales by (1 + w) in float32 and rounds once (export/qwen35.py `zc_rms_norm`). rotary_dim:
+    the rotated dims R of a head (even, 2..hd), cos and sin [S, T, R]; None or hd: all of them.
+    x_stride, k_stride: x is [S, T, H, x_stride] (k [S, T, Hk, k_stride]), each head the first hd
+    of its values; None: hd.
+    Raises DFlashError for an arch without the kernel, an odd head_dim, an odd or out-of-range
+    rotary_dim, a stride below head_dim, another dtype, or a missing object.
     """
     obj = object_file(arch)
     if D % 2 or D < 2:
         raise DFlashError(f"head norm + rope: head_dim {D} must be even (the rope rotates halves)")
+    if rotary_dim is not None and (rotary_dim % 2 or not 2 <= rotary_dim <= D):
+        raise DFlashError(f"head norm + rope: rotary_dim {rotary_dim} must be even and in 2..{D} (head_dim)")
+    for what, stride in (("x", x_stride), ("k", k_stride)):
+        if stride is not None and stride < D:
+            raise DFlashError(f"head norm + rope: {what}'s {stride} values a head are fewer than head_dim {D}")
     if dtype not in DTYPES:
         raise DFlashError(f"head norm + rope: dtype {dtype} is not one of {', '.join(DTYPES)}")
     if not obj.is_file():
         raise DFlashError(f"{obj} is missing: run `make kernels` to build the kernel objects")
     d = NormRopeDispatch(S=S, T=T, H=H, D=D, dtype=dtype, eps=eps, arch=arch, name=name, mlir="",
-                         flags=search_flags(), objects=[obj], Hk=Hk)
+                         flags=search_flags(), objects=[obj], Hk=Hk, zero_centered=zero_centered,
+                         rotary_dim=None if rotary_dim == D else rotary_dim, x_stride=x_stride,
+                         k_stride=None if Hk is None else k_stride)
     heads = H + (Hk or 0)
     dyn = "{%t}" if T is None else ""
-    consts = {"H": H, **({} if Hk is None else {"Hk": Hk}), "D": D, "dt": DTYPES[dtype],
-              "eps": f32_bits(eps, signed=True)}
+    if d.variant:  # norm_rope_gpu.cu's push constants of the `_v` entry points, in order
+        consts = {"H": H, **({} if Hk is None else {"Hk": Hk}), "D": D, "R": d.R, "XS": x_stride or D,
+                  **({} if Hk is None else {"XSk": k_stride or D}), "zc": int(zero_centered)}
+    else:
+        consts = {"H": H, **({} if Hk is None else {"Hk": Hk}), "D": D}
+    consts.update({"dt": DTYPES[dtype], "eps": f32_bits(eps, signed=True)})
     if T is None:
-        rows = (f"    %c1 = arith.constant 1 : index\n    %t = tensor.dim %x, %c1 : {d.types[0]}\n"
+        rows = (f"    %c1 = arith.constant 1 : index\n    %t = tensor.dim %x, %c1 : {d.operand_types[0]}\n"
                 f"    %sh = arith.constant {S * heads} : index\n    %n = arith.muli %t, %sh : index\n")
         if Hk is not None:  # the workgroups that take q's heads: rows * H
             rows += (f"    %sq = arith.constant {S * H} : index\n    %nq = arith.muli %t, %sq : index\n"
@@ -123,7 +165,7 @@ def norm_rope_dispatch(S: int, T: int | None, H: int, D: int, dtype: str, eps: f
         if Hk is not None:
             rows += f"    %cnq = arith.constant {S * T * H} : i32\n"
     pair = Hk is not None
-    entry = "dflash_norm_rope2" if pair else "dflash_norm_rope"
+    entry = ("dflash_norm_rope2" if pair else "dflash_norm_rope") + ("_v" if d.variant else "")
     args = ["x", "w", *(["k", "wk"] if pair else []), "cos", "sin"]
     dynamic = ["x", *(["k"] if pair else []), "cos", "sin"]  # operands with the token dimension
     pushed = (["%cnq"] if pair else []) + [f"%c{k}" for k in consts]

@@ -1,6 +1,7 @@
-/* Per-head RMSNorm, then the rotary embedding: Qwen3's q_norm / k_norm and RoPE as one pass.
+/* Per-head RMSNorm, then the rotary embedding: the q_norm / k_norm and RoPE of Qwen3 and of Qwen3.5's
+ * gated attention as one pass.
  *
- * For one row r (a token) and one head h of x [rows, H, D]:
+ * For one row r (a token) and one head h of x [rows, H, D], Qwen3 (nr_workgroup):
  *
  *   n    = round(x * rsqrt(sum(x^2) / D + eps))        sums and products in f32
  *   y    = round(weight * n)
@@ -12,8 +13,14 @@
  * 1 / sqrt with both correctly rounded, as ATen's CPU kernel computes it; no multiply-add is
  * contracted (the eager ops round each product): the objects are built with -ffp-contract=off.
  *
+ * The variants (nr_workgroup_v; export/qwen35.py `zc_rms_norm` then `partial_rope`):
+ *
+ *   y    = round(x * rsqrt(sum(x^2) / D + eps) * (1 + weight))   zero-centred: products in f32, one rounding
+ *   out  = the rope above over y[:R] (rot over R: [-y[R/2:R], y[:R/2]], cos and sin [rows, R]), y[R:] as it is
+ *
  * One workgroup of NR_T threads per (row, head): workgroup id = r * H + h. Thread t takes the pairs
- * (i, i + D/2) for i = t, t + NR_T, ... < D/2. Needs the GPU primitives of gpu.h.
+ * (i, i + R/2) for i = t, t + NR_T, ... < R/2 (R = D for Qwen3), then the dims R + t, R + t + NR_T, ...
+ * < D. Needs the GPU primitives of gpu.h.
  */
 #ifndef DFLASH_KERNELS_NORM_ROPE_BODY_H
 #define DFLASH_KERNELS_NORM_ROPE_BODY_H
@@ -75,6 +82,49 @@ KG_FN void nr_workgroup(const void* x, const void* w, const void* cs, const void
     nr_store(out, base + i, lo, dt);
     nr_store(out, base + i + half, hi, dt);
   }
+}
+
+/* Element i of a head, normed and weighted (x at xi): Qwen3's round(w * round(x * r)) (zc = 0), or
+ * Qwen3.5's zero-centred round(x * r * (1 + w)) (zc = 1), whose eager `zc_rms_norm` scales in float32
+ * and rounds to the dtype once. */
+KG_FN float nr_norm(const void* x, long xi, const void* w, int i, float r, int zc, int dt) {
+  if (zc) return nr_round(nr_load(x, xi, dt) * r * (1.0f + nr_load(w, i, dt)), dt);
+  return nr_round(nr_load(w, i, dt) * nr_round(nr_load(x, xi, dt) * r, dt), dt);
+}
+
+/* The variants' workgroup: head (row, h) of x [rows, H, XS], of which the first D of each head are
+ * its values (XS = 2 D: q read in place from q_proj's interleaved [query, gate] heads, where IREE
+ * would copy it out in a dispatch of its own), into out [rows, H, D]; cos and sin [rows, R]. The first
+ * R dims rotate (pairs (i, i + R/2)), the D - R after them take the norm only (export/qwen35.py
+ * `partial_rope`); zc as nr_norm. With zc = 0, R = XS = D it computes nr_workgroup's bits;
+ * nr_workgroup stays as it was so that Qwen3's entry points keep the code checked on the device. */
+KG_FN void nr_workgroup_v(const void* x, const void* w, const void* cs, const void* sn, void* out, int H, int D,
+                          int R, int XS, int zc, int dt, float eps, int wg, int tid) {
+  KG_SHARED float red[NR_T];
+  const int half = R / 2;
+  const long row = wg / H;
+  const long xb = (long)wg * XS, ob = (long)wg * D, tab = row * R;
+  float ss = 0.0f;
+  for (int i = tid; i < D; i += NR_T) {
+    float v = nr_load(x, xb + i, dt);
+    ss += v * v;
+  }
+  red[tid] = ss;
+  KG_BARRIER();
+  for (int s = NR_T / 2; s > 0; s >>= 1) {
+    if (tid < s) red[tid] += red[tid + s];
+    KG_BARRIER();
+  }
+  const float r = 1.0f / __builtin_sqrtf(red[0] / (float)D + eps);
+  for (int i = tid; i < half; i += NR_T) {
+    float a = nr_norm(x, xb + i, w, i, r, zc, dt);
+    float b = nr_norm(x, xb + i + half, w, i + half, r, zc, dt);
+    float lo = nr_round(nr_round(a * nr_load(cs, tab + i, dt), dt) + nr_round(-b * nr_load(sn, tab + i, dt), dt), dt);
+    float hi = nr_round(nr_round(b * nr_load(cs, tab + i + half, dt), dt) + nr_round(a * nr_load(sn, tab + i + half, dt), dt), dt);
+    nr_store(out, ob + i, lo, dt);
+    nr_store(out, ob + i + half, hi, dt);
+  }
+  for (int i = R + tid; i < D; i += NR_T) nr_store(out, ob + i, nr_norm(x, xb + i, w, i, r, zc, dt), dt);
 }
 
 #endif
