@@ -39,9 +39,10 @@
  * is exact in f32, so it rounds once). The sigmoid's exponential is the hardware's 2^x, as the
  * softmax's: where f32 sigmoid(x) lies within ~2^-22 (relative) of a bf16 rounding boundary, s
  * can come out one bf16 ulp from torch's. That is the project's bf16 near-tie policy for compiled
- * against eager (README.md, "Exactness"): drafted == plain and `exact` mode need the compiled
- * decode and verify to agree with each other, and both run this kernel, whose result for a row
- * does not depend on R (the numerics contract above), not with eager torch bit for bit.
+ * against eager (README.md's opening; the norm + rope kernel's 1-2 ulp near-ties, kernels/README.md):
+ * drafted == plain and `exact` mode need the compiled decode and verify to agree with each other,
+ * and both run this kernel, whose result for a row does not depend on R (the numerics contract
+ * above), not with eager torch bit for bit.
  *
  * Variants (compile-time, one object each, kernels/build.py): the default (D <= 128, no gate:
  * the Qwen3 targets), AT_GATE = 1 (D <= 128 with the gate: `dflash_attention_gated`) and AT_GATE = 1
