@@ -1,7 +1,10 @@
-"""Attention alone at the Qwen3-8B shapes on a GPU: formulations of export/qwen3.py's `attend`.
+"""Attention alone at the Qwen3-8B shapes on a GPU: formulations of export/qwen3.py's `attend`; and the
+gated block attention at the Qwen3.5 family's shapes (`prepare-gated`, `run-gated`, below).
 
     python bench/attention_bench.py prepare [--arch sm_80]        # here: one .vmfb per (variant, rows)
     bash bench/on_device.sh python3 bench/attention_bench.py run --json OUT   # on the GPU machine
+    python bench/attention_bench.py prepare-gated [--arch sm_80]  # here: .gpu/attention-gated/
+    bash bench/on_device.sh python3 bench/attention_bench.py run-gated --json OUT   # on the GPU machine
 
 The H200 profile of the 8B verify step (experiments/2026-11-30-verify-profile/) put 9 of its
 16.5 busy ms in attention: per layer a `matmul_like_16x8x4x128xD` dispatch of 0.21 ms and a softmax
@@ -34,6 +37,24 @@ the rename). From this version on it also reports the largest difference from a 
 reference on the GPU (`max_abs_diff_vs_torch_f32`) and, at T = 1 (the T = 16 block's first token),
 whether the output is bit-identical to row 0 of the T = 16 output (`row0_bits_equal_t16`): the
 row-independence `exact` mode relies on. Files before it used a [36, 2, 1024, 1024] cache.
+
+Gated (`prepare-gated`, `run-gated`): export/qwen35.py's `gated_cache_attention` over GATED_LAYERS
+layers of a cache [1, GATED_LAYERS, 2, 1024, Hkv * hd] bf16, at START, for GATED_SHAPES: the
+Qwen3.5-27B (Hq 24, Hkv 4, hd 256: verify R = 96, decode R = 6), the 9B (Hq 16, Hkv 4, hd 256:
+verify R = 64, decode R = 4) and the hybrid demo target (Hq 6, Hkv 2, hd 64, block 8: R = 24,
+decode R = 3). `kernel` is the gated block attention (export/lower_attention.py), `iree` the same
+module with every op left to IREE (its attention op times the eager sigmoid). Per shape `run-gated`
+reports wall and busy ms per call (GATED_LAYERS layers) for both, and for the kernel the bit checks:
+- `gate_rule`: the output against kernels/attention/reference.py `gate_output` applied to the
+  kernel's own ungated result (the same call with the gate at +64, where sigmoid is exactly 1):
+  elements whose bits differ and the largest distance in bf16 ulps (near-ties of the sigmoid's
+  2^x only: expect 0 or a few, at most 1 ulp);
+- `o_vs_reference`: the ungated result against the float64 reference rounded to bf16 (elements
+  that differ; max ulps; max abs diff): the f32 sums' rounding, 1 ulp at near-ties;
+- `vs_reference`: the gated output against the reference's whole rule (`attention(..., gate=)`);
+- `row0_bits_equal_verify` (decode shapes): the decode output equal bit for bit to row 0 (token 0)
+  of the verify output at the same position: the row invariance `exact` mode relies on;
+- `max_abs_diff_iree`: the kernel against IREE's op.
 """
 
 from __future__ import annotations
@@ -292,6 +313,181 @@ def run(out_json: str, arch: str) -> dict:
     return result
 
 
+GATED_WORK = common.WORK / "attention-gated"
+GATED_LAYERS = 8
+# name -> (Hq, Hkv, hd, T): verify blocks of 16 (the demo's of 8) and decode's one token
+GATED_SHAPES = {"27b_verify": (24, 4, 256, 16), "27b_decode": (24, 4, 256, 1),
+                "9b_verify": (16, 4, 256, 16), "9b_decode": (16, 4, 256, 1),
+                "demo_verify": (6, 2, 64, 8), "demo_decode": (6, 2, 64, 1)}
+GATED_VARIANTS = ("kernel", "iree")
+
+
+def gated_layers_module(layers: int = GATED_LAYERS, page: int = PAGE):
+    """forward(q [layers, 1, T, Hq, hd] bf16, gate [layers, 1, T, Hq * hd] bf16, cache [1, layers, 2, C,
+    Hkv * hd] bf16, start [1] int64, pages [P] int8) -> [layers, 1, T, Hq * hd]: the hybrid target's
+    gated attention over every layer (export/qwen35.py `gated_cache_attention`, the named op with its
+    gate), reading P * page rows."""
+    import torch
+    from torch import nn
+
+    from dflash_iree.export.qwen35 import gated_cache_attention
+
+    class Layers(nn.Module):
+        def forward(self, q, gate, cache, start, pages):
+            read_len = pages.shape[0] * page
+            positions = start[:, None] + torch.arange(q.shape[2], dtype=torch.int64)
+            return torch.stack([gated_cache_attention(q[layer], gate[layer], cache, layer, read_len, positions, "fused")
+                                for layer in range(layers)])
+
+    return Layers()
+
+
+def prepare_gated(arch: str, shapes=tuple(GATED_SHAPES), variants=GATED_VARIANTS) -> None:
+    """One .vmfb per (shape, variant) in GATED_WORK, `gated-{shape}-{variant}-{arch}.vmfb` (module docstring)."""
+    import subprocess
+
+    import iree.turbine.aot as aot
+    import torch
+
+    from dflash_iree.export.compile import compile_flags, iree_compile_tool, resolve_arch
+    from dflash_iree.export.splice import lower_attention, splice_file
+
+    a = resolve_arch(arch)[0]
+    GATED_WORK.mkdir(parents=True, exist_ok=True)
+    pages = torch.export.Dim("P", min=1, max=CONTEXT // PAGE)
+    for shape in shapes:
+        Hq, Hkv, hd, T = GATED_SHAPES[shape]
+        args = (torch.zeros(GATED_LAYERS, 1, T, Hq, hd, dtype=torch.bfloat16),
+                torch.zeros(GATED_LAYERS, 1, T, Hq * hd, dtype=torch.bfloat16),
+                torch.zeros(1, GATED_LAYERS, 2, CONTEXT, Hkv * hd, dtype=torch.bfloat16),
+                torch.tensor([START]), torch.zeros(18, dtype=torch.int8))
+        out = aot.export(gated_layers_module(), args=args,
+                         dynamic_shapes={"q": None, "gate": None, "cache": None, "start": None, "pages": {0: pages}})
+        mlir = GATED_WORK / f"gated-{shape}.mlir"
+        out.save_mlir(mlir)
+        for variant in variants:
+            # `iree`: a row floor no op reaches leaves every op to IREE (the op's reference operand)
+            rule = functools.partial(lower_attention, min_rows=1 if variant == "kernel" else 1 << 30)
+            spliced, extra, report = splice_file(mlir, GATED_WORK / f"gated-{shape}-{variant}.mlirbc", a.name,
+                                                 {"attention": rule})
+            if variant == "kernel" and not report.get("attention", [{}])[0].get("gated"):
+                raise SystemExit(f"{shape}: the gated block attention was not placed: {report.get('iree')}")
+            vmfb = GATED_WORK / f"gated-{shape}-{variant}-{a.name}.vmfb"
+            proc = subprocess.run([iree_compile_tool(), str(spliced), *compile_flags(a), *extra, "-o", str(vmfb)],
+                                  capture_output=True, text=True)
+            spliced.unlink()
+            status = "ok" if proc.returncode == 0 else "failed: " + proc.stderr.strip().splitlines()[-1][:200]
+            print(f"{shape} {variant}: {status}", flush=True)
+        mlir.unlink()
+
+
+def _head_major(x, Hkv: int, hd: int):
+    """[..., T, Hq * hd] or [..., T, Hq, hd] of one layer [1, T, ...] -> [1, Hkv, T * g, hd] (the kernel's rows)."""
+    T = x.shape[1]
+    return x.reshape(1, T, Hkv, -1, hd).transpose(0, 2, 1, 3, 4).reshape(1, Hkv, -1, hd)
+
+
+def _gated_reference(q, gate, cache, Hkv: int, hd: int, n: int):
+    """The float64 attention (head-major [layers, 1, Hkv, R, hd]) and the whole gated rule (float32 bf16
+    values, the model's layout [layers, 1, T, Hq * hd]) of kernels/attention/reference.py for every layer."""
+    import numpy as np
+
+    from dflash_iree.kernels.attention.reference import attention, gate_output
+
+    L, _, T, Hq, _ = q.shape
+    g = Hq // Hkv
+    visible = np.arange(n)[None, :] <= (START + np.arange(T))[:, None]  # [T, n]
+    mask = np.repeat(visible, g, axis=0)[None, None]  # row t * g + j sees what token t sees
+    o = np.stack([attention(_head_major(np.asarray(q[layer], np.float32), Hkv, hd),
+                            np.asarray(cache[:, layer:layer + 1], np.float32), mask, 0) for layer in range(L)])
+    gh = np.stack([_head_major(np.asarray(gate[layer], np.float32), Hkv, hd) for layer in range(L)])
+    full = gate_output(o, gh)  # [L, 1, Hkv, T * g, hd]
+    return o, full.reshape(L, 1, Hkv, T, g, hd).transpose(0, 1, 3, 2, 4, 5).reshape(L, 1, T, Hq * hd)
+
+
+def run_gated(out_json: str, arch: str) -> dict:
+    """Runs what prepare_gated compiled for ARCH on the GPU (module docstring); writes and returns the results."""
+    import iree.runtime as rt
+    import ml_dtypes
+    import numpy as np
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from dflash_iree.kernels.attention.reference import bits
+    from dflash_iree.kernels.gemm.reference import ulp_distance
+
+    device = rt.get_device("cuda")
+    bf16 = ml_dtypes.bfloat16
+    start = np.array([START], np.int64)
+    pages = np.zeros(-(-(START + 16) // PAGE), np.int8)
+    n = len(pages) * PAGE
+    result = {"device": torch.cuda.get_device_name(0), "arch": arch, "layers": GATED_LAYERS, "read_rows": n,
+              "start": START, "runs": {}}
+    verify_out = {}
+
+    def diff(a, b) -> dict:
+        d = ulp_distance(bits(a), bits(b))
+        return {"elements_differ": int((d != 0).sum()), "of": int(d.size), "max_ulps": int(d.max()),
+                "max_abs_diff": float(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)).max())}
+
+    for shape, (Hq, Hkv, hd, T) in GATED_SHAPES.items():
+        model = shape.split("_")[0]
+        rng = np.random.default_rng(sum(map(ord, model)))  # one draw per model: decode gets verify's token 0
+        cache_h = (rng.standard_normal((1, GATED_LAYERS, 2, CONTEXT, Hkv * hd)) * 0.5).astype(bf16)
+        q_h = rng.standard_normal((GATED_LAYERS, 1, 16, Hq, hd)).astype(bf16)[:, :, :T]  # decode: verify's token 0
+        gate_h = (rng.standard_normal((GATED_LAYERS, 1, 16, Hq * hd)) * 3).astype(bf16)[:, :, :T]
+        q_h, gate_h = np.ascontiguousarray(q_h), np.ascontiguousarray(gate_h)
+        cache = rt.asdevicearray(device, cache_h)
+        q = rt.asdevicearray(device, q_h)
+        gates = {"gate": rt.asdevicearray(device, gate_h),
+                 "open": rt.asdevicearray(device, np.full(gate_h.shape, 64, bf16))}  # sigmoid(64) rounds to 1
+        o_ref, full_ref = _gated_reference(q_h, gate_h, cache_h, Hkv, hd, n)
+        outs = {}
+        for variant in GATED_VARIANTS:
+            path = GATED_WORK / f"gated-{shape}-{variant}-{arch}.vmfb"
+            if not path.is_file():
+                continue
+            instance = rt.VmInstance()
+            vm = rt.VmModule.mmap(instance, str(path))
+            ctx = rt.VmContext(instance, modules=[rt.create_hal_module(instance, device), vm])
+            fn = rt.FunctionInvoker(ctx, device, vm.lookup_function("main"))
+
+            def call(gate=gates["gate"]):
+                return np.asarray(fn(q, gate, cache, start, pages))
+
+            out = call()
+            ms = common.times(call, 30)
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(10):
+                    call()
+            ev = [e for e in prof.key_averages() if e.device_time_total > 0 and "Memcpy" not in e.key]
+            r = {"wall_ms": round(statistics.median(ms), 4),
+                 "busy_ms": round(sum(e.device_time_total for e in ev) / 10 / 1e3, 4),
+                 "kernels_per_call": round(sum(e.count for e in ev) / 10, 1),
+                 "top": sorted(((e.key[:120], round(e.device_time_total / 10 / 1e3, 4)) for e in ev),
+                               key=lambda x: -x[1])[:3]}
+            outs[variant] = out.astype(np.float32)
+            if variant == "kernel":
+                from dflash_iree.kernels.attention.reference import gate_output
+
+                o = call(gates["open"]).astype(np.float32)  # bf16(o) in the model's layout
+                o_hm = np.stack([_head_major(o[layer], Hkv, hd) for layer in range(GATED_LAYERS)])
+                r["gate_rule"] = diff(outs["kernel"], gate_output(o, gate_h.astype(np.float32)))
+                r["o_vs_reference"] = diff(o_hm, o_ref.astype(np.float32))
+                r["vs_reference"] = diff(outs["kernel"], full_ref)
+                if T > 1:
+                    verify_out[model] = outs["kernel"]
+                elif model in verify_out:
+                    r["row0_bits_equal_verify"] = bool(np.array_equal(bits(outs["kernel"][:, :, 0]),
+                                                                      bits(verify_out[model][:, :, 0])))
+            elif "kernel" in outs:
+                r["max_abs_diff_kernel"] = float(np.abs(outs[variant] - outs["kernel"]).max())
+            result["runs"][f"{shape}/{variant}"] = r
+            print(f"{shape} {variant}: {r}", flush=True)
+    write_json(out_json, result)
+    return result
+
+
 def _prepare_options(p) -> None:
     p.add_argument("--arch", default="sm_80")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS))
@@ -303,6 +499,13 @@ def _run_options(r) -> None:
     r.add_argument("--arch", default="sm_80")
 
 
+def _prepare_gated_options(p) -> None:
+    p.add_argument("--arch", default="sm_80")
+    p.add_argument("--shapes", nargs="+", default=list(GATED_SHAPES), choices=list(GATED_SHAPES))
+
+
 if __name__ == "__main__":
     sys.exit(main(__doc__, {"prepare": (lambda a: prepare(a.arch, a.variants, a.rows), _prepare_options),
-                            "run": (lambda a: run(a.json, a.arch), _run_options)}))
+                            "run": (lambda a: run(a.json, a.arch), _run_options),
+                            "prepare-gated": (lambda a: prepare_gated(a.arch, a.shapes), _prepare_gated_options),
+                            "run-gated": (lambda a: run_gated(a.json, a.arch), _run_options)}))

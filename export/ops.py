@@ -139,7 +139,7 @@ def block_attention(q: torch.Tensor, cache: torch.Tensor, layer: int, mask: torc
             KV head h) sees key n; the keys are the first N cache rows (export/qwen3.py `query_rows_mask`).
         ref: [S, T, Hq * hd], the attention as the model computes it (softmax(q k^T * scale) v per head).
         gate: None, or [S, T, Hq * hd]: a gated output, ref already multiplied by sigmoid(gate)
-            (no kernel takes it yet).
+            (the Qwen3.5 family; the gated block-attention kernel applies it, export/lower_attention.py).
         scale: the softmax scale; None for hd ** -0.5.
 
     Returns:

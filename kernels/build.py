@@ -48,6 +48,12 @@ _CPU_FLAGS = ["-std=c17", "-O3", "-ffreestanding", "-fno-builtin", "-fno-stack-p
               "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros", "-ffp-contract=fast"]
 
 
+# Objects built from a kernel's GPU layer with other macros: kernel -> ((object stem, clang -D flags), ...).
+VARIANTS = {"gemm": (("gemm_q4", ["-DGM_BITS=4"]),),
+            "attention": (("attention_gated", ["-DAT_GATE=1"]),
+                          ("attention_gated_d256", ["-DAT_GATE=1", "-DAT_DMAX=256"]))}
+
+
 def targets() -> dict[str, tuple[str, str, list[str]]]:
     """Object file name -> (arch, the kernel folder clang runs in, clang arguments after the compiler name)."""
     cuda = ["-x", "cuda", "--cuda-device-only", "-nocudainc", "-nocudalib", "--cuda-path=/nonexistent", None,
@@ -59,8 +65,10 @@ def targets() -> dict[str, tuple[str, str, list[str]]]:
         # The norm + rope: no contracted multiply-adds, so that each product rounds as the eager ops'
         # do (norm_rope/norm_rope_body.h). The GEMM is on the archs with matrix instructions only.
         tail = (["-ffp-contract=off"] if kernel == "norm_rope" else []) + [f"{kernel}_gpu.cu"]
-        # The GEMM's 4-bit entry points are an object of their own (gemm_gpu.cu, GM_BITS).
-        for stem, defs in ((kernel, []), *((("gemm_q4", ["-DGM_BITS=4"]),) if kernel == "gemm" else ())):
+        # The GEMM's 4-bit entry points are an object of their own (gemm_gpu.cu, GM_BITS), and so are
+        # the attention's gated ones (attention_body.h, "Variants"), so that adding them leaves the
+        # objects before them byte for byte as they were.
+        for stem, defs in ((kernel, []), *VARIANTS.get(kernel, ())):
             for arch in kernel_archs(kernel, "cuda"):
                 out[f"{stem}_{arch}.ptx"] = (arch, kernel, [a or f"--cuda-gpu-arch={arch}" for a in cuda] + defs + tail)
             for arch in kernel_archs(kernel, "hip"):

@@ -18,14 +18,18 @@ GEMM_KERNELS = tuple(f"dflash_{e}_mt{mt}" for e in ("gemm", "gemm2", "gemm3", "g
     "dflash_gemm_reduce",)
 GEMM_Q4_KERNELS = tuple(f"dflash_q4{e}_mt{mt}" for e in ("gemm", "gemm2", "gemm3", "gemm_res", "swiglu") for mt in (1, 2, 3, 4))
 ATTENTION_KERNELS = ("dflash_attention",)
+ATTENTION_GATED_KERNELS = ("dflash_attention_gated",)
+ATTENTION_GATED_D256_KERNELS = ("dflash_attention_gated_d256",)
 NORM_ROPE_KERNELS = ("dflash_norm_rope", "dflash_norm_rope2", "dflash_norm_rope_v", "dflash_norm_rope2_v")
 
 
 def kernels_of(name: str) -> tuple[str, ...]:
-    """The entry points an object file must hold, from its name (topk_*, gemm_*, gemm_q4_*, attention_* or
-    norm_rope_*)."""
+    """The entry points an object file must hold, from its name (topk_*, gemm_*, gemm_q4_*, attention_*,
+    attention_gated_*, attention_gated_d256_* or norm_rope_*)."""
     stem = Path(name).name
-    for prefix, kernels in (("gemm_q4_", GEMM_Q4_KERNELS), ("gemm_", GEMM_KERNELS), ("attention_", ATTENTION_KERNELS),
+    for prefix, kernels in (("gemm_q4_", GEMM_Q4_KERNELS), ("gemm_", GEMM_KERNELS),
+                            ("attention_gated_d256_", ATTENTION_GATED_D256_KERNELS),
+                            ("attention_gated_", ATTENTION_GATED_KERNELS), ("attention_", ATTENTION_KERNELS),
                             ("norm_rope_", NORM_ROPE_KERNELS)):
         if stem.startswith(prefix):
             return kernels

@@ -6,6 +6,7 @@ device, with a planted control that resumes from one rejected draft's state and 
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import pytest
@@ -116,3 +117,24 @@ def test_exact_and_draft_top_k_keep_the_tokens(engine, eager):
         assert engine.generate(prompt, 16, exact=True).tokens == want
         top = engine.generate(prompt, 16, draft_top_k=3)
         assert top.tokens == want and len(top.draft_top_k) == len(top.accepted)
+
+
+def test_sm_80_puts_the_gated_attention_on_the_kernel(tiny_dir, tmp_path):
+    """A bf16 tiny hybrid compiled for sm_80 (no sampled entry points, to keep it short): every gated
+    attention op, decode's (R = g = 2) and verify's (R = 2 B) included, takes the gated block-attention
+    kernel (the manifest's `splices.attention`, `gated`), none is left to IREE."""
+    import torch
+    from tiny import make_drafter
+    from tiny_qwen35 import make_hybrid
+
+    from dflash_iree.export.compile import Progress, compile_artifacts
+
+    target = make_hybrid(tiny_dir / "hybrid-target-bf16", seed=4, dtype="bfloat16")
+    drafter = make_drafter(tiny_dir / "hybrid-drafter-bf16", target, block_size=B, taps=(1, 3), mask_token_id=511,
+                           dtype=torch.bfloat16)
+    m = compile_artifacts("sm_80", target, drafter, tmp_path / "sm_80", max_context=256, sampled=False,
+                          draft_top_k=0, use_cache=False, log=Progress(open(os.devnull, "w")))
+    splices = m.splices
+    rows = sorted(e["R"] for e in splices["attention"])
+    assert all(e["gated"] and e["head_dim"] == 16 and e["g"] == 2 for e in splices["attention"])
+    assert 2 in rows and 2 * B in rows and "attention" not in splices.get("iree", {})

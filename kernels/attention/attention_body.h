@@ -31,9 +31,32 @@
  * what `exact` mode and drafted == plain rely on. Scores are in log2 units (scale * log2 e folded
  * in), exponentials from the hardware's 2^x.
  *
- * Limits: D a multiple of 8 and <= AT_DMAX; R <= 64; N >= 1 (N = 0 launches no workgroup and leaves
- * out unwritten; the runtime always reads at least one page); 16-byte aligned rows. Shared memory:
- * 43,652 bytes (42.6 KiB).
+ * Output gate (AT_GATE = 1: the Qwen3.5 family's gated attention, export/qwen35.py):
+ *   gate  bf16, out's layout                the gate logits of every output element
+ *   out = bf16(f32(o) * f32(s)), o = bf16(attention in f32), s = bf16(1 / (1 + 2^(-gate * log2 e)))
+ * which are the roundings of the eager bf16 `attention(q, k, v) * torch.sigmoid(gate)`: the
+ * attention, then sigmoid, then the product, each rounded to bf16 (the product of two bf16 values
+ * is exact in f32, so it rounds once). The sigmoid's exponential is the hardware's 2^x, as the
+ * softmax's: where f32 sigmoid(x) lies within ~2^-22 (relative) of a bf16 rounding boundary, s
+ * can come out one bf16 ulp from torch's. That is the project's bf16 near-tie policy for compiled
+ * against eager (README.md's opening; the norm + rope kernel's 1-2 ulp near-ties, kernels/README.md):
+ * drafted == plain and `exact` mode need the compiled decode and verify to agree with each other,
+ * and both run this kernel, whose result for a row does not depend on R (the numerics contract
+ * above), not with eager torch bit for bit.
+ *
+ * Variants (compile-time, one object each, kernels/build.py): the default (D <= 128, no gate:
+ * the Qwen3 targets), AT_GATE = 1 (D <= 128 with the gate: `dflash_attention_gated`) and AT_GATE = 1
+ * with AT_DMAX = 256 (`dflash_attention_gated_d256`). Every variant sums in the orders above, so
+ * for the same inputs all three give the same o bit for bit; the wide one stages the keys and
+ * then the values in one shared buffer (AT_KV_ONE) and merges its 16 elements a thread in two
+ * passes of 8 (AT_EPG), so that its shared memory stays under 48 KiB and its registers under 256
+ * (one pass of 16 spilled 117 VGPRs on gfx11).
+ *
+ * Limits: D a multiple of 8 and <= AT_DMAX (128, or 256 for the wide variant); R <= 128 (the limit
+ * of kernels/attention/dispatch.py; the body takes any R, one row group of 16 rows per 16);
+ * N >= 1 (N = 0 launches no workgroup and leaves out unwritten; the runtime always reads at least
+ * one page); 16-byte aligned rows. Static shared memory: 43,652 bytes (42.6 KiB) for AT_DMAX = 128,
+ * 47,492 bytes (46.4 KiB) for 256: under CUDA's 48 KiB static limit and gfx11's 64 KiB a workgroup.
  */
 #ifndef DFLASH_ATTENTION_BODY_H
 #define DFLASH_ATTENTION_BODY_H
@@ -43,7 +66,14 @@
 #endif
 #define AT_RW 16  /* query rows per workgroup */
 #define AT_KC 64  /* keys per chunk */
+#ifndef AT_DMAX
 #define AT_DMAX 128
+#endif
+#ifndef AT_GATE
+#define AT_GATE 0
+#endif
+/* The wide variant stages keys, then values, in one buffer: two would take 66 KiB. */
+#define AT_KV_ONE (AT_DMAX > 128)
 #define AT_W (AT_DMAX / 2)   /* 32-bit words (bf16 pairs) of a row */
 #define AT_PAD (AT_W + 1)    /* a staged key row's stride in words: the 64 keys fall in distinct banks */
 #define AT_SR (AT_RW * AT_KC / AT_T) /* scores: rows per thread (one key each) */
@@ -52,6 +82,7 @@
 #define AT_PR (AT_RW * AT_W / AT_T)  /* p v: rows per thread (one d pair each) */
 #define AT_EPT (AT_RW * AT_DMAX / AT_T) /* merge: output elements per thread */
 #define AT_MB 8                      /* merge: chunks whose loads are in flight together */
+#define AT_EPG (AT_EPT < 8 ? AT_EPT : 8) /* merge: elements per pass (AT_EPT for AT_DMAX = 128) */
 #define AT_NEG_INF (-__builtin_inff())
 typedef unsigned at_u4 __attribute__((ext_vector_type(4)));
 
@@ -114,14 +145,33 @@ KG_FN long at_row(int s, int h, int r, int R, int Hkv, int D, int G) {
   return G ? ((((long)s * (R / G) + r / G) * Hkv + h) * G + r % G) * D : (((long)s * Hkv + h) * R + r) * D;
 }
 
+#if AT_GATE
+#define AT_GATE_PARAM const unsigned short* __restrict__ gate,
+#define AT_GATE_ARG gate,
+#define AT_LOG2E 1.44269504088896340736f
+/* bf16(sigmoid(x)) of a bf16 x: 1 / (1 + 2^(-x log2 e)), 2^x from the hardware (header). */
+KG_FN float at_sigmoid_bf16(float x) {
+  float s = 1.0f / (1.0f + KG_EXP2(-x * AT_LOG2E));
+  return at_hi((unsigned)kg_bf16(s) << 16);
+}
+#else
+#define AT_GATE_PARAM
+#define AT_GATE_ARG
+#endif
+
 /* One workgroup. part holds, per (s, h, rg, c), 16 rows of D + 2 floats: o[0..D), m, l. */
 KG_FN void at_workgroup(const unsigned short* __restrict__ q, const unsigned short* __restrict__ cache,
-                        const signed char* __restrict__ mask, int* cnt, unsigned short* __restrict__ out,
+                        const signed char* __restrict__ mask, AT_GATE_PARAM int* cnt, unsigned short* __restrict__ out,
                         float* __restrict__ part, int R, int N, int D, int Hkv, int layer, int L, int C,
                         int chunks, float scale_log2, int G, int c, int hr, int s, int tid) {
   KG_SHARED unsigned sq[AT_RW][AT_W];
   KG_SHARED unsigned sk[AT_KC][AT_PAD];
+#if AT_KV_ONE
+#define AT_SV sk /* the values overwrite the keys once the scores are in sp */
+#else
+#define AT_SV sv
   KG_SHARED unsigned sv[AT_KC][AT_PAD];
+#endif
   KG_SHARED float sp[AT_RW][AT_KC];
   KG_SHARED float red_m[AT_RW][AT_TPR], red_l[AT_RW][AT_TPR];
   KG_SHARED float sm[AT_RW], sl[AT_RW];
@@ -160,7 +210,9 @@ KG_FN void at_workgroup(const unsigned short* __restrict__ q, const unsigned sho
     int e = tid + AT_T * i, j = e / V4, w = 4 * (e % V4);
     if (j < AT_KC) {
       at_put4(&sk[j][w], kv[i]);
-      at_put4(&sv[j][w], vv[i]);
+#if !AT_KV_ONE
+      at_put4(&AT_SV[j][w], vv[i]);
+#endif
     }
   }
   KG_BARRIER();
@@ -190,6 +242,15 @@ KG_FN void at_workgroup(const unsigned short* __restrict__ q, const unsigned sho
     }
   }
   KG_BARRIER();
+#if AT_KV_ONE
+  /* Every key is read: the values (loaded with the keys, held in registers since) take their place;
+   * the softmax's barriers below make them visible before p v. */
+#pragma unroll
+  for (int i = 0; i < AT_KC * AT_W / 4 / AT_T; ++i) {
+    int e = tid + AT_T * i, j = e / V4, w = 4 * (e % V4);
+    if (j < AT_KC) at_put4(&AT_SV[j][w], vv[i]);
+  }
+#endif
 
   /* Per row: chunk maximum m, p = 2^(score - m), l = sum p. Thread (r, pt) takes AT_KPT keys. */
   {
@@ -220,7 +281,7 @@ KG_FN void at_workgroup(const unsigned short* __restrict__ q, const unsigned sho
     if (w < W) {
 #pragma unroll 8
       for (int j = 0; j < AT_KC; ++j) { /* past `keys`, p and v are 0: exact zeros */
-        unsigned vw = sv[j][w];
+        unsigned vw = AT_SV[j][w];
         float vlo = at_lo(vw), vhi = at_hi(vw);
 #pragma unroll
         for (int i = 0; i < AT_PR; ++i) {
@@ -282,44 +343,57 @@ KG_FN void at_workgroup(const unsigned short* __restrict__ q, const unsigned sho
   }
   KG_BARRIER();
   /* Each thread keeps the elements e = tid + AT_T i of the 16 x D block (AT_EPT of them) and takes the
-   * chunks AT_MB at a time, all their loads issued before the first is used, summed in chunk order. */
-  float acc[AT_EPT];
+   * chunks AT_MB at a time, all their loads issued before the first is used, summed in chunk order.
+   * The wide variant does so for AT_EPG of its elements at a time (two passes over the chunks): all
+   * 16 at once would hold 16 x AT_MB loads and their addresses, past the 256 VGPRs (spills). */
+  for (int e0 = 0; e0 < AT_EPT; e0 += AT_EPG) {
+    float acc[AT_EPG];
 #pragma unroll
-  for (int i = 0; i < AT_EPT; ++i) acc[i] = 0.0f;
-  for (int cb = 0; cb < chunks; cb += AT_MB) {
-    float v[AT_MB][AT_EPT];
+    for (int i = 0; i < AT_EPG; ++i) acc[i] = 0.0f;
+    for (int cb = 0; cb < chunks; cb += AT_MB) {
+      float v[AT_MB][AT_EPG];
 #pragma unroll
-    for (int b = 0; b < AT_MB; ++b)
+      for (int b = 0; b < AT_MB; ++b)
 #pragma unroll
-      for (int i = 0; i < AT_EPT; ++i) {
-        int e = tid + AT_T * i, r = e / D;
-        v[b][i] = r < rows && cb + b < chunks ? at_load_f32(recs + (cb + b) * stride + r * (D + 2) + e % D) : 0.0f;
-      }
-#pragma unroll
-    for (int b = 0; b < AT_MB; ++b) {
-      const int cc = cb + b;
-      if (cc >= chunks) break;
-#pragma unroll
-      for (int i = 0; i < AT_EPT; ++i) {
-        int r = (tid + AT_T * i) / D;
-        if (r >= rows) continue;
-        float wgt;
-        if (cc < AT_KC) {
-          wgt = sp[r][cc];
-        } else {
-          float mc = at_load_f32(recs + cc * stride + r * (D + 2) + D);
-          wgt = mc == AT_NEG_INF ? 0.0f : KG_EXP2(mc - sm[r]);
+        for (int i = 0; i < AT_EPG; ++i) {
+          int e = tid + AT_T * (e0 + i), r = e / D;
+          v[b][i] = r < rows && cb + b < chunks ? at_load_f32(recs + (cb + b) * stride + r * (D + 2) + e % D) : 0.0f;
         }
-        acc[i] = __builtin_fmaf(wgt, v[b][i], acc[i]);
+#pragma unroll
+      for (int b = 0; b < AT_MB; ++b) {
+        const int cc = cb + b;
+        if (cc >= chunks) break;
+#pragma unroll
+        for (int i = 0; i < AT_EPG; ++i) {
+          int r = (tid + AT_T * (e0 + i)) / D;
+          if (r >= rows) continue;
+          float wgt;
+          if (cc < AT_KC) {
+            wgt = sp[r][cc];
+          } else {
+            float mc = at_load_f32(recs + cc * stride + r * (D + 2) + D);
+            wgt = mc == AT_NEG_INF ? 0.0f : KG_EXP2(mc - sm[r]);
+          }
+          acc[i] = __builtin_fmaf(wgt, v[b][i], acc[i]);
+        }
       }
     }
-  }
 #pragma unroll
-  for (int i = 0; i < AT_EPT; ++i) {
-    int e = tid + AT_T * i, r = e / D;
-    if (r < rows) out[at_row(s, h, r0 + r, R, Hkv, D, G) + e % D] = kg_bf16(sl[r] > 0.0f ? acc[i] / sl[r] : 0.0f);
+    for (int i = 0; i < AT_EPG; ++i) {
+      int e = tid + AT_T * (e0 + i), r = e / D;
+#if AT_GATE
+      if (r < rows) {
+        const long o = at_row(s, h, r0 + r, R, Hkv, D, G) + e % D;
+        float a = at_hi((unsigned)kg_bf16(sl[r] > 0.0f ? acc[i] / sl[r] : 0.0f) << 16);
+        out[o] = kg_bf16(a * at_sigmoid_bf16(at_lo(gate[o])));
+      }
+#else
+      if (r < rows) out[at_row(s, h, r0 + r, R, Hkv, D, G) + e % D] = kg_bf16(sl[r] > 0.0f ? acc[i] / sl[r] : 0.0f);
+#endif
+    }
   }
   if (tid == 0) __scoped_atomic_store_n(&cnt[ci], 0, __ATOMIC_RELAXED, __MEMORY_SCOPE_DEVICE);
 }
+#undef AT_SV
 
 #endif
