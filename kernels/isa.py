@@ -19,14 +19,15 @@ GEMM_KERNELS = tuple(f"dflash_{e}_mt{mt}" for e in ("gemm", "gemm2", "gemm3", "g
 GEMM_Q4_KERNELS = tuple(f"dflash_q4{e}_mt{mt}" for e in ("gemm", "gemm2", "gemm3", "gemm_res", "swiglu") for mt in (1, 2, 3, 4))
 ATTENTION_KERNELS = ("dflash_attention",)
 NORM_ROPE_KERNELS = ("dflash_norm_rope", "dflash_norm_rope2")
+GDN_KERNELS = ("dflash_gdn",)
 
 
 def kernels_of(name: str) -> tuple[str, ...]:
-    """The entry points an object file must hold, from its name (topk_*, gemm_*, gemm_q4_*, attention_* or
-    norm_rope_*)."""
+    """The entry points an object file must hold, from its name (topk_*, gemm_*, gemm_q4_*, attention_*,
+    norm_rope_* or gdn_*)."""
     stem = Path(name).name
     for prefix, kernels in (("gemm_q4_", GEMM_Q4_KERNELS), ("gemm_", GEMM_KERNELS), ("attention_", ATTENTION_KERNELS),
-                            ("norm_rope_", NORM_ROPE_KERNELS)):
+                            ("norm_rope_", NORM_ROPE_KERNELS), ("gdn_", GDN_KERNELS)):
         if stem.startswith(prefix):
             return kernels
     return KERNELS
