@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from dflash_iree.errors import DFlashError
 
-KERNELS = ("topk", "gemm", "attention", "norm_rope")  # the folders of kernels/
+KERNELS = ("topk", "gemm", "attention", "norm_rope", "gdn")  # the folders of kernels/
 ATTENTION_FORMS = ("fused", "matmul")
 
 
@@ -98,11 +98,11 @@ _GFX1030 = (
     'ukernels = "none"}>]>')
 
 # The skinny GEMM needs matrix instructions (mma.sync, WMMA): gfx1030 has none. The attention and the
-# norm + rope are plain f32 arithmetic, so every GPU has them; the host keeps IREE's own lowering for
-# all three and runs only the top-K kernel.
+# norm + rope and the Gated DeltaNet step are plain f32 arithmetic, so every GPU has them; the host keeps
+# IREE's own lowering for all four and runs only the top-K kernel.
 _HOST = ("topk",)
-_RDNA2 = ("topk", "attention", "norm_rope")
-_GPU = ("topk", "gemm", "attention", "norm_rope")
+_RDNA2 = ("topk", "attention", "norm_rope", "gdn")
+_GPU = ("topk", "gemm", "attention", "norm_rope", "gdn")
 
 
 def _gpu(name: str, driver: str, flags: tuple[str, ...], about: str, kernels: tuple[str, ...]) -> Arch:

@@ -197,7 +197,7 @@ class GatedDeltaNet(nn.Module):
         self.norm = GatedRMSNorm(cfg.linear_value_head_dim, cfg.rms_norm_eps, dtype, device)
         self.out_proj = nn.Linear(cfg.value_dim, H, **kw)
 
-    def forward(self, x: torch.Tensor, state: torch.Tensor, window: torch.Tensor, per_token: bool):
+    def forward(self, x: torch.Tensor, state: torch.Tensor, window: torch.Tensor, per_token: bool, rule=None):
         """Mix T rows.
 
         Args:
@@ -206,6 +206,10 @@ class GatedDeltaNet(nn.Module):
                 conv inputs before it.
             per_token: the token-by-token rule (decode, verify: every row's state returned) or,
                 False, `chunked_rule` (prefill: the last state only).
+            rule: None, or (export only) rule(mixed, b, a, o, states) -> o: the named op
+                `dflash::gated_delta_rule` (export/qwen35.py `Qwen35.step`) given the rule's inputs
+                (the conv's output, in_proj_b's and in_proj_a's) and the reference results (o
+                [S, T, Hv, dv] in x's dtype, the states), whose o goes on to the gated norm.
 
         Returns:
             y [S, T, value_dim] in x's dtype (the gated norm's output, out_proj's input); the
@@ -231,5 +235,7 @@ class GatedDeltaNet(nn.Module):
             o, last = chunked_rule(*rule_inputs, state)
             states = [last]
         o = o.transpose(1, 2).to(x.dtype)  # S, T, Hv, dv
+        if rule is not None:
+            o = rule(mixed, b, a, o, states)
         y = self.norm(o, z.reshape(S, T, c.linear_num_value_heads, c.linear_value_head_dim))
         return y.reshape(S, T, c.value_dim), states, windows

@@ -28,6 +28,11 @@ The ops (shapes: S streams, T tokens, M = S * T rows; dtypes: one float dtype th
 - `dflash::head_norm_rope(x [S, T, H, X], weight [hd], cos, sin [S, T, rotary_dim or hd], eps, zero_centered,
   rotary_dim)`: each head the first hd <= X values of x (X = 2 hd: Qwen3.5's q inside q_proj's [query, gate] heads).
 - `dflash::topk_logprobs(logits [n, V] f32, temperature [] f32, k)`.
+- `dflash::gated_delta_rule(mixed [S, T, conv_dim], b, a [S, T, Hv], A_log, dt_bias [Hv], rows int32 [S, 2],
+  slots f32 [streams, slots, n_gdn, Hv, dk, dv], layer, key_heads, ref_o [S, T, Hv, dv], ref_slots)`:
+  one Gated DeltaNet layer's token-by-token rule (export/gdn.py), its per-row states written into
+  the state slots; returns (o, the slots after the write). Two references: `ref_o` and `ref_slots`
+  (export/qwen35.py `Qwen35.step`: the slots are threaded through the GDN layers as a value).
 
 The linear ops take a packed 4-bit form ("Packed 4-bit form" below; `scales` [] and `group_size` 0 for
 plain weights); M = 1 runs through the same op as a verify block (which rows take a kernel is the
@@ -56,6 +61,7 @@ LINEAR_SWIGLU_OP = "torch.dflash.linear_swiglu"
 ATTENTION_OP = "torch.dflash.block_attention"
 NORM_ROPE_OP = "torch.dflash.head_norm_rope"
 TOPK_OP = "torch.dflash.topk_logprobs"
+GDN_OP = "torch.dflash.gated_delta_rule"
 
 
 @torch.library.custom_op("dflash::linear", mutates_args=())
@@ -214,6 +220,38 @@ def _topk_logprobs_fake(logits, temperature, k):
     torch._check(logits.dim() == 2 and 1 <= k <= min(MAX_K, logits.shape[1]))
     n = logits.shape[0]
     return logits.new_empty((n, k), dtype=torch.int32), logits.new_empty((n, k), dtype=torch.float32)
+
+
+@torch.library.custom_op("dflash::gated_delta_rule", mutates_args=())
+def gated_delta_rule(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, A_log: torch.Tensor,
+                     dt_bias: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor, layer: int, key_heads: int,
+                     ref_o: torch.Tensor, ref_slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One Gated DeltaNet layer's token-by-token gated delta rule with its state slots (kernels/gdn/).
+
+    Args:
+        mixed: [S, T, conv_dim], the causal conv's output (q | k | v: key_heads * dk, key_heads * dk,
+            Hv * dv), the model dtype; b, a: [S, T, Hv], in_proj_b / in_proj_a's outputs; A_log,
+            dt_bias: [Hv] (export/gdn.py `GatedDeltaNet`).
+        rows: int32 [S, 2]: per stream, the flat slot row (slots viewed as [streams * slots, ...]) of
+            the state before row 0 (-1: a fresh sequence, zeros), and the flat row of slot 0.
+        slots: float32 [streams, slots, n_gdn, Hv, dk, dv], the recurrent-state slots as the layers
+            before this one left them (export/recurrent_state.py).
+        layer: this layer's index among the GDN layers; key_heads: Hk.
+        ref_o: [S, T, Hv, dv] in the model dtype, o as the eager rule computes it.
+        ref_slots: the slots after the reference's write (export/qwen35.py `Qwen35.step`: the slots
+            input for every GDN layer but the last, whose ref_slots carry every layer's states: the
+            lowering gives all of a function's ops to the kernel or all to IREE).
+
+    Returns:
+        (o, slots): copies of (ref_o, ref_slots). The kernel's are o and `slots` with layer `layer`'s
+        flat rows rows[s, 1] + t replaced by the state after row t.
+    """
+    return ref_o.clone(), ref_slots.clone()
+
+
+@gated_delta_rule.register_fake
+def _gated_delta_rule_fake(mixed, b, a, A_log, dt_bias, rows, slots, layer, key_heads, ref_o, ref_slots):
+    return torch.empty_like(ref_o), torch.empty_like(ref_slots)
 
 
 def top_k_per_stream(logits: torch.Tensor, temperature: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

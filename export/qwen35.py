@@ -150,9 +150,9 @@ class HybridLayer(nn.Module):
             out = cached(q, k, v, gate, self.attention)
         return self.finish(x, out, self.self_attn.o_proj)
 
-    def mix(self, x, state, window, per_token: bool):
+    def mix(self, x, state, window, per_token: bool, rule=None):
         """The DeltaNet layer: returns (the layer's output, states, windows), see `GatedDeltaNet.forward`."""
-        y, states, windows = self.linear_attn(self.input_layernorm(x), state, window, per_token)
+        y, states, windows = self.linear_attn(self.input_layernorm(x), state, window, per_token, rule)
         return self.finish(x, y, self.linear_attn.out_proj), states, windows
 
 
@@ -262,19 +262,38 @@ class Qwen35(nn.Module):
                                 device=tokens.device)
         kept_gdn, kept_conv, taps = [], [], {}
         n_attn = n_gdn = 0
+        # Exported with state slots kept per row (decode, verify, draft): each GDN layer's rule is the
+        # named op `dflash::gated_delta_rule` (export/lower_gdn.py: the kernels/gdn/ step on a GPU),
+        # the slots a value threaded through the layers and stored once at the end. Eager, and
+        # the ops given to IREE, compute what the code without the op computes.
+        rule_op = torch.compiler.is_exporting() and cached is not None and keep_rows and bool(cfg.gdn_layers)
+        if rule_op:
+            threaded = {"slots": self.state.gdn_slots, "rows": self.state.rows(start, stream)}
+            last_gdn = len(cfg.gdn_layers) - 1
+
+            def rule(l: int, lin, mixed, b, a, o, states):
+                # the reference slots: unchanged until the last GDN layer, whose carry every layer's states
+                ref = (self.state.written_gdn(start, kept_gdn + [states], stream) if l == last_gdn
+                       else threaded["slots"])
+                o, threaded["slots"] = ops.gated_delta_rule(mixed, b, a, lin.A_log, lin.dt_bias, threaded["rows"],
+                                                            threaded["slots"], l, cfg.linear_num_key_heads, o, ref)
+                return o
         for i, layer in enumerate(body.layers):
             if layer.layer_type == "full_attention":
                 x = layer.attend(x, cos, sin, positions, None if cached is None else partial(cached, n_attn))
                 n_attn += 1
             else:
-                x, states, windows = layer.mix(x, gdn0[:, n_gdn], conv0[:, n_gdn], per_token)
+                x, states, windows = layer.mix(x, gdn0[:, n_gdn], conv0[:, n_gdn], per_token,
+                                               partial(rule, n_gdn, layer.linear_attn) if rule_op else None)
                 kept_gdn.append(states if keep_rows else states[-1:])
                 kept_conv.append(windows if keep_rows else windows[-1:])
                 n_gdn += 1
             if i in self.tap_layer_ids:
                 taps[i] = x
         if cached is not None:
-            self.state.write(start, kept_gdn, kept_conv, stream)
+            if rule_op:
+                self.state.gdn_slots.copy_(threaded["slots"])
+            self.state.write(start, None if rule_op else kept_gdn, kept_conv, stream)
             self.state.commit(start, T, keep_rows, stream)
         h = body.norm(x)
         if cfg.num_hidden_layers - 1 in taps:

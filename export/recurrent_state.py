@@ -72,21 +72,44 @@ class RecurrentState(nn.Module):
         fresh = (start == 0)[:, None, None, None]
         return torch.where(fresh[..., None], 0.0, gdn), torch.where(fresh, 0.0, conv).to(conv.dtype)
 
-    def write(self, start: torch.Tensor, gdn: list[list[torch.Tensor]], conv: list[list[torch.Tensor]],
+    def rows(self, start: torch.Tensor, stream=None) -> torch.Tensor:
+        """int32 [S', 2] (S' and `stream` as in `read`): per stream the flat row (gdn_slots viewed as
+        [S * slots, ...]) of the slot `read` reads, -1 where start is 0 (zeros), and the flat row of
+        slot 0, which a call's row t writes at + t: the kernel's `rows` (export/ops.py `gated_delta_rule`)."""
+        base = self._base(stream, start.device)
+        at = torch.where(start == 0, -1, base + self.slot(start, stream))
+        return torch.stack([at, base], 1).to(torch.int32)
+
+    def _flat_rows(self, start: torch.Tensor, n_rows: int, stream=None) -> torch.Tensor:
+        return (self._base(stream, start.device)[:, None]
+                + torch.arange(n_rows, dtype=torch.int64, device=start.device)[None, :]).reshape(-1)
+
+    def written_gdn(self, start: torch.Tensor, gdn: list[list[torch.Tensor]], stream=None) -> torch.Tensor:
+        """gdn_slots with the states of `write` in place, as a new value (the buffer untouched): the
+        export's reference of the slots after every GDN layer (export/qwen35.py `Qwen35.step`)."""
+        S, B = self.gdn_slots.shape[:2]
+        g = torch.stack([torch.stack(per_row, 1) for per_row in gdn], 2)  # S', T, n, Hv, dk, dv
+        n = g.shape[0] * g.shape[1]
+        flat = self.gdn_slots.view(S * B, *self.gdn_slots.shape[2:])
+        return flat.index_copy(0, self._flat_rows(start, g.shape[1], stream), g.reshape(n, *g.shape[2:])).view(
+            self.gdn_slots.shape)
+
+    def write(self, start: torch.Tensor, gdn: list[list[torch.Tensor]] | None, conv: list[list[torch.Tensor]],
               stream=None) -> None:
         """Keep a call's states, in place: gdn[l][t] [S', Hv, dk, dv] and conv[l][t] [S', K - 1, conv_dim],
         per GDN layer l the state after each row t (T of them, T <= slots) or after the last row only
-        (S' and `stream` as in `read`)."""
+        (S' and `stream` as in `read`). gdn None: the conv windows only (the export's kernel form
+        stores the gdn slots itself, export/qwen35.py `Qwen35.step`)."""
         S, B = self.gdn_slots.shape[:2]
-        n_rows = len(gdn[0]) if gdn else 0
+        n_rows = len(conv[0]) if conv else 0
         if not n_rows:
             return
-        g = torch.stack([torch.stack(per_row, 1) for per_row in gdn], 2)  # S', T, n, Hv, dk, dv
         c = torch.stack([torch.stack(per_row, 1) for per_row in conv], 2)
-        rows = (self._base(stream, start.device)[:, None]
-                + torch.arange(n_rows, dtype=torch.int64, device=start.device)[None, :]).reshape(-1)
-        n = g.shape[0] * n_rows
-        self.gdn_slots.view(S * B, *self.gdn_slots.shape[2:]).index_copy_(0, rows, g.reshape(n, *g.shape[2:]))
+        rows = self._flat_rows(start, n_rows, stream)
+        n = c.shape[0] * n_rows
+        if gdn is not None:
+            g = torch.stack([torch.stack(per_row, 1) for per_row in gdn], 2)  # S', T, n, Hv, dk, dv
+            self.gdn_slots.view(S * B, *self.gdn_slots.shape[2:]).index_copy_(0, rows, g.reshape(n, *g.shape[2:]))
         self.conv_slots.view(S * B, *self.conv_slots.shape[2:]).index_copy_(
             0, rows, c.reshape(n, *c.shape[2:]).to(self.conv_slots.dtype))
 

@@ -19,6 +19,8 @@ The lowerings (`LOWERINGS`, run in this order; each `(module, arch) -> Lowered |
   KV cache (kernels/attention/, CUDA and gfx), or IREE's attention.
 - "norm_rope": export/lower_norm_rope.py, `dflash::head_norm_rope` -> the head norm + rope
   (kernels/norm_rope/, every GPU arch; a layer's q and k as one dispatch).
+- "gdn": export/lower_gdn.py, `dflash::gated_delta_rule` -> the Gated DeltaNet step (kernels/gdn/,
+  every GPU arch; a call's GDN layers all on the kernel or all on IREE's lowering of the eager rule).
 
 Which archs have which kernel is dflash_iree/arch.py's (export/lowered.py `has_kernel`).
 
@@ -42,6 +44,7 @@ from dflash_iree.errors import DFlashError
 from .lowered import Lowered
 from .lower_attention import ATTENTION_MIN_ROWS, lower_attention  # noqa: F401 (re-exported)
 from .lower_linear import GEMM_M1_RUN, GEMM_MIN_M, GEMM_MIN_WEIGHT_BYTES, lower_linear  # noqa: F401
+from .lower_gdn import lower_gdn
 from .lower_norm_rope import lower_norm_rope
 from .lower_topk import lower_topk
 from .mlir import find_ops, list_operands, load, op_name, replace_with_values, strip_locations  # noqa: F401 (load)
@@ -67,7 +70,8 @@ def to_iree(*names: str) -> Callable[[object, str], Lowered | None]:
 
 # name -> lowering; run in this order by `splice_file`.
 LOWERINGS: dict[str, Callable[[object, str], Lowered | None]] = {
-    "topk": lower_topk, "gemm": lower_linear, "attention": lower_attention, "norm_rope": lower_norm_rope}
+    "topk": lower_topk, "gemm": lower_linear, "attention": lower_attention, "norm_rope": lower_norm_rope,
+    "gdn": lower_gdn}
 SPLICES = LOWERINGS  # the name export/compile.py and the benches pass experiments under
 
 

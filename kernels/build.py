@@ -1,4 +1,4 @@
-"""`make kernels`: rebuild the committed kernel objects (top-K, skinny GEMM, block attention, norm + rope) with the pinned clang, inspect them, write the manifest.
+"""`make kernels`: rebuild the committed kernel objects (top-K, skinny GEMM, block attention, norm + rope, GDN step) with the pinned clang, inspect them, write the manifest.
 
     python -m dflash_iree.kernels.build            # rebuild kernels/objects/ and its manifest.json
     python -m dflash_iree.kernels.build --check    # rebuild into a temporary folder, compare bytes
@@ -38,7 +38,7 @@ PINNED = "19.1.7"
 PTX_ISA = "7.8"
 SOURCES = ("topk/topk_body.h", "topk/topk_gpu.cu", "topk/topk_cpu.c", "gemm/gemm_body.h", "gemm/gemm_gpu.cu", "gpu.h",
            "attention/attention_body.h", "attention/attention_gpu.cu", "norm_rope/norm_rope_body.h",
-           "norm_rope/norm_rope_gpu.cu")
+           "norm_rope/norm_rope_gpu.cu", "gdn/gdn_body.h", "gdn/gdn_gpu.cu")
 
 # Embedded-ELF objects: no libc or builtins to call, no stack protector (no TLS), and the fast-math
 # subset that lets clang vectorize the exp sum (reassociation), without assuming finite values
@@ -64,7 +64,8 @@ def targets() -> dict[str, tuple[str, str, list[str]]]:
     for kernel in KERNELS:
         # The norm + rope: no contracted multiply-adds, so that each product rounds as the eager ops'
         # do (norm_rope/norm_rope_body.h). The GEMM is on the archs with matrix instructions only.
-        tail = (["-ffp-contract=off"] if kernel == "norm_rope" else []) + [f"{kernel}_gpu.cu"]
+        # The GDN step likewise (gdn/gdn_body.h: reference.py repeats its roundings in NumPy).
+        tail = (["-ffp-contract=off"] if kernel in ("norm_rope", "gdn") else []) + [f"{kernel}_gpu.cu"]
         # The GEMM's 4-bit entry points are an object of their own (gemm_gpu.cu, GM_BITS), and so are
         # the attention's gated ones (attention_body.h, "Variants"), so that adding them leaves the
         # objects before them byte for byte as they were.

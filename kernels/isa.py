@@ -21,16 +21,17 @@ ATTENTION_KERNELS = ("dflash_attention",)
 ATTENTION_GATED_KERNELS = ("dflash_attention_gated",)
 ATTENTION_GATED_D256_KERNELS = ("dflash_attention_gated_d256",)
 NORM_ROPE_KERNELS = ("dflash_norm_rope", "dflash_norm_rope2", "dflash_norm_rope_v", "dflash_norm_rope2_v")
+GDN_KERNELS = ("dflash_gdn",)
 
 
 def kernels_of(name: str) -> tuple[str, ...]:
     """The entry points an object file must hold, from its name (topk_*, gemm_*, gemm_q4_*, attention_*,
-    attention_gated_*, attention_gated_d256_* or norm_rope_*)."""
+    attention_gated_*, attention_gated_d256_*, norm_rope_* or gdn_*)."""
     stem = Path(name).name
     for prefix, kernels in (("gemm_q4_", GEMM_Q4_KERNELS), ("gemm_", GEMM_KERNELS),
                             ("attention_gated_d256_", ATTENTION_GATED_D256_KERNELS),
                             ("attention_gated_", ATTENTION_GATED_KERNELS), ("attention_", ATTENTION_KERNELS),
-                            ("norm_rope_", NORM_ROPE_KERNELS)):
+                            ("norm_rope_", NORM_ROPE_KERNELS), ("gdn_", GDN_KERNELS)):
         if stem.startswith(prefix):
             return kernels
     return KERNELS

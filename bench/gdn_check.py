@@ -1,0 +1,167 @@
+"""The Gated DeltaNet step dispatch (kernels/gdn/) on a GPU at the Qwen3.5-27B layer shape: bits and speed.
+
+    python bench/gdn_check.py prepare [--arch sm_80]    # here: one standalone module per T into .gpu/gdn/
+    python bench/pack_device.py wheels && python bench/pack_device.py artifacts gdn
+    # carry [".gpu/wheels", ".gpu/artifacts.zip"], then on the GPU machine:
+    bash bench/on_device.sh python3 bench/gdn_check.py run --json "$OUT/gdn_check.json"
+    python bench/gdn_check.py report --json <the fetched gdn_check.json>    # here
+
+Shape: S 1, Hv 48 value heads, Hk 16 key heads, dk = dv = 128, bf16 inputs and o, a slots global
+[1, 16, 2, 48, 128, 128] f32 (2 GDN layers; the kernel runs layer 1), T = 1, 8, 16 rows. For each T,
+on seeded inputs and a seeded initial slots global (uploaded with `set_slots`), one call reading
+slot 5 (a rollback: the state after the 6th row of the call before) and writing slots 0..T-1:
+- `o_bits_equal`, `states_bits_equal`: the kernel's o and its T written states against
+  kernels/gdn/reference.py (NumPy float32 in the kernel's order: exact bits expected), with the
+  largest differences when not; `untouched_equal`: every other slot row and layer unchanged;
+- `rows_equal_t1_chain` (T > 1): the T rows' o and states bit-equal to T calls of the T = 1 module
+  chained slot to slot (row invariance: decode and verify give the same bits);
+- speed: the kernel's device time per call (CUPTI, torch.profiler), the bytes it must move (the state
+  read once, T states written, the inputs and o) over that time, and that as a fraction of this GPU's
+  device-to-device copy bandwidth (bench/common.py `copy_bandwidth`).
+`run` exits 1 when any bit check fails.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+
+import common
+from common import main, write_json
+
+WORK = common.WORK / "gdn"
+S, HV, HK, DK, DV, SLOTS, N_GDN, LAYER, FROM = 1, 48, 16, 128, 128, 16, 2, 1, 5
+ROWS = (1, 8, 16)
+SLOT_SHAPE = (S, SLOTS, N_GDN, HV, DK, DV)
+
+
+def prepare(arch: str) -> None:
+    """Compile one standalone module per T for ARCH into .gpu/gdn/."""
+    import iree.compiler as ic
+
+    from dflash_iree.export.compile import compile_flags, resolve_arch
+    from dflash_iree.kernels.gdn import gdn_dispatch, standalone_module
+
+    WORK.mkdir(parents=True, exist_ok=True)
+    flags = compile_flags(resolve_arch(arch)[0])
+    for T in ROWS:
+        d = gdn_dispatch(S, T, HK, HV, DK, DV, SLOT_SHAPE, "bf16", arch)
+        ic.compile_str(standalone_module(d), extra_args=flags + d.flags, output_file=str(WORK / f"gdn_t{T}.vmfb"))
+    (WORK / "cases.json").write_text(json.dumps({"arch": arch, "rows": ROWS}) + "\n")
+
+
+def _inputs(T: int, seed: int = 0):
+    """mixed [S, T, conv], b, a [S, T, Hv], A_log, dt_bias [Hv] as bf16 (ml_dtypes) and the initial slots (f32)."""
+    import ml_dtypes
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    conv = 2 * HK * DK + HV * DV
+    x = rng.standard_normal((S, 16, conv)).astype(np.float32)
+    mixed = (x / (1 + np.exp(-x)))[:, :T]  # silu, as the conv's output
+    b = rng.standard_normal((S, 16, HV))[:, :T]
+    a = (rng.standard_normal((S, 16, HV)) * 2)[:, :T]
+    A_log = rng.uniform(-1, 1, HV)
+    dt_bias = rng.standard_normal(HV)
+    bf = [np.ascontiguousarray(v.astype(np.float32).astype(ml_dtypes.bfloat16)) for v in (mixed, b, a, A_log, dt_bias)]
+    slots = (rng.standard_normal(SLOT_SHAPE) * 0.1).astype(np.float32)
+    return bf, slots
+
+
+class _Module:
+    def __init__(self, rt, device, path):
+        self.instance = rt.VmInstance()
+        vm = rt.VmModule.mmap(self.instance, str(path))
+        self.ctx = rt.VmContext(self.instance, modules=[rt.create_hal_module(self.instance, device), vm])
+        self.fn = {n: rt.FunctionInvoker(self.ctx, device, vm.lookup_function(n)) for n in ("gdn", "get_slots", "set_slots")}
+
+
+def run(out_json: str) -> dict:
+    import iree.runtime as rt
+    import numpy as np
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from dflash_iree.kernels.gdn.reference import gdn_step
+
+    device = rt.get_device("cuda")
+    meta = json.loads((WORK / "cases.json").read_text())
+    bw = common.copy_bandwidth()
+    result = {"device": torch.cuda.get_device_name(0), "arch": meta["arch"], "copy_bandwidth": bw, "cases": []}
+    mods = {T: _Module(rt, device, WORK / f"gdn_t{T}.vmfb") for T in meta["rows"]}
+    f32 = lambda v: np.asarray(v).astype(np.float32)  # noqa: E731
+    for T in meta["rows"]:
+        m = mods[T]
+        (mixed, b, a, A_log, dt_bias), slots0 = _inputs(T)
+        rows = np.array([[FROM, 0]], np.int32)
+        m.fn["set_slots"](slots0)
+        o = f32(m.fn["gdn"](mixed, b, a, A_log, dt_bias, rows, np.int32(LAYER)))
+        got = np.asarray(m.fn["get_slots"]())
+        want_o, want_s = gdn_step(f32(mixed), f32(b), f32(a), f32(A_log), f32(dt_bias), slots0, rows, LAYER, HK, DK, "bf16")
+        written = got[0, :T, LAYER]
+        row = {"T": T, "o_bits_equal": bool(np.array_equal(o.view(np.uint32), want_o.view(np.uint32))),
+               "states_bits_equal": bool(np.array_equal(written.view(np.uint32), want_s[0, :T, LAYER].view(np.uint32))),
+               "o_max_abs_err": float(np.abs(o - want_o).max()),
+               "states_max_abs_err": float(np.abs(written - want_s[0, :T, LAYER]).max()),
+               "o_max_abs": float(np.abs(want_o).max())}
+        mask = np.ones(SLOT_SHAPE[:3], bool)
+        mask[0, :T, LAYER] = False
+        row["untouched_equal"] = bool(np.array_equal(got[mask], slots0[mask]))
+        if T > 1 and 1 in mods:
+            one = mods[1]
+            one.fn["set_slots"](slots0)
+            outs = []
+            for t in range(T):
+                r1 = np.array([[FROM if t == 0 else t - 1, t]], np.int32)
+                outs.append(f32(one.fn["gdn"](*(np.ascontiguousarray(v[:, t:t + 1]) for v in (mixed, b, a)), A_log,
+                                              dt_bias, r1, np.int32(LAYER))))
+            chain = np.asarray(one.fn["get_slots"]())
+            row["rows_equal_t1_chain"] = bool(np.array_equal(np.concatenate(outs, 1).view(np.uint32), o.view(np.uint32))
+                                              and np.array_equal(chain[0, :T, LAYER].view(np.uint32),
+                                                                 written.view(np.uint32)))
+        # speed: inputs on the device, the same call repeated (it rewrites the same slots)
+        args = [rt.asdevicearray(device, v) for v in (mixed, b, a, A_log, dt_bias, rows)]
+        call = lambda: m.fn["gdn"](*args, np.int32(LAYER))  # noqa: E731
+        for _ in range(5):
+            call()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(50):
+                call()
+            torch.cuda.synchronize()
+        ev = [e for e in prof.key_averages() if e.device_time_total > 0 and "dflash_gdn" in e.key]
+        us = [e.device_time_total / max(e.count, 1) for e in ev]
+        kernel_us = statistics.mean(us) if us else None
+        state = HV * DK * DV * 4
+        nbytes = state * (1 + T) + T * (2 * HK * DK + HV * DV) * 2 + 2 * T * HV * 2 + T * HV * DV * 2
+        row.update({"kernel_us": round(kernel_us, 2) if kernel_us else None, "bytes": nbytes,
+                    "tb_per_s": round(nbytes / (kernel_us * 1e-6) / 1e12, 3) if kernel_us else None})
+        if kernel_us:
+            row["fraction_of_copy_bandwidth"] = round(row["tb_per_s"] / bw["tb_per_s"], 3)
+        row["ok"] = row["o_bits_equal"] and row["states_bits_equal"] and row["untouched_equal"] and row.get(
+            "rows_equal_t1_chain", True)
+        result["cases"].append(row)
+        print(row, flush=True)
+    result["ok"] = all(r["ok"] for r in result["cases"])
+    write_json(out_json, result)
+    return result
+
+
+def report(path: str) -> None:
+    r = json.loads(open(path).read())
+    print(f"{r['device']} ({r['arch']}), copy {r['copy_bandwidth']['tb_per_s']} TB/s")
+    print("| T | o bits | state bits | untouched | T=1 chain | kernel µs | MB moved | TB/s | of copy bw |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for c in r["cases"]:
+        print(f"| {c['T']} | {c['o_bits_equal']} | {c['states_bits_equal']} | {c['untouched_equal']} | "
+              f"{c.get('rows_equal_t1_chain', '-')} | {c['kernel_us']} | {c['bytes'] / 1e6:.1f} | {c['tb_per_s']} | "
+              f"{c.get('fraction_of_copy_bandwidth')} |")
+    print("ok" if r["ok"] else "FAILED")
+
+
+if __name__ == "__main__":
+    sys.exit(main(__doc__, {"prepare": (lambda a: prepare(a.arch), lambda p: p.add_argument("--arch", default="sm_80")),
+                            "run": (lambda a: 0 if run(a.json)["ok"] else 1,
+                                    lambda p: p.add_argument("--json", default=str(WORK / "gdn_check.json"))),
+                            "report": (lambda a: report(a.json), lambda p: p.add_argument("--json", required=True))}))
