@@ -119,10 +119,12 @@ def test_exact_and_draft_top_k_keep_the_tokens(engine, eager):
         assert top.tokens == want and len(top.draft_top_k) == len(top.accepted)
 
 
-def test_sm_80_puts_the_gated_attention_on_the_kernel(tiny_dir, tmp_path):
+def test_sm_80_puts_the_hybrid_layers_on_the_kernels(tiny_dir, tmp_path):
     """A bf16 tiny hybrid compiled for sm_80 (no sampled entry points, to keep it short): every gated
     attention op, decode's (R = g = 2) and verify's (R = 2 B) included, takes the gated block-attention
-    kernel (the manifest's `splices.attention`, `gated`), none is left to IREE."""
+    kernel (the manifest's `splices.attention`, `gated`), the target's q/k norm + rope the
+    zero-centred, partial-rotary norm + rope, and the DeltaNet rule of decode (T = 1) and verify (T = B) the GDN
+    step kernel; none of them is left to IREE."""
     import torch
     from tiny import make_drafter
     from tiny_qwen35 import make_hybrid
@@ -138,3 +140,6 @@ def test_sm_80_puts_the_gated_attention_on_the_kernel(tiny_dir, tmp_path):
     rows = sorted(e["R"] for e in splices["attention"])
     assert all(e["gated"] and e["head_dim"] == 16 and e["g"] == 2 for e in splices["attention"])
     assert 2 in rows and 2 * B in rows and "attention" not in splices.get("iree", {})
+    hybrid = [e for e in splices["norm_rope"] if e.get("zero_centered")]  # the rest: the drafter's Qwen3 norms
+    assert hybrid and all(e["rotary_dim"] == 8 for e in hybrid)
+    assert {e["T"] for e in splices["gdn"]} == {1, B} and not {"gdn", "norm_rope"} & set(splices.get("iree", {}))
