@@ -2,11 +2,14 @@
 
     python bench/gpu_check.py prepare --arch sm_89            # here: checkpoints, artifacts, eager tokens
                                     [--every-gemm]            # (the demo's matmuls all take the GEMM splice)
-    bash bench/on_device.sh python3 bench/gpu_check.py run --device cuda --json OUT.json   # on the GPU machine
-    python bench/gpu_check.py report OUT.json                 # here: top-2 margins at divergences, table
+                                    [--pair qwen35]           # the hybrid pairs instead (issue #26)
+    bash bench/on_device.sh python3 bench/gpu_check.py run --device cuda --json OUT.json [--pair qwen35]   # on the GPU machine
+    python bench/gpu_check.py report OUT.json [--pair qwen35] # here: top-2 margins at divergences, table
 
 `prepare` writes `.gpu/` (git-ignored; carry it to the device): a tiny float32 pair, both pairs
-compiled for the arch, and the eager reference's tokens for the tiny pair. `run` needs only
+compiled for the arch, and the eager reference's tokens for the tiny pair. `--pair qwen35` takes
+the Qwen3.5-family hybrid pairs: the tests' tiny float32 hybrid (tests/tiny_qwen35.py, 3 Gated
+DeltaNet layers and a gated attention one, with a block-8 DFlash drafter) and models/demo-qwen35. `run` needs only
 iree.runtime and NumPy. It checks:
 - tiny float32 pair: compiled-on-GPU plain, exact and drafted tokens == eager-on-CPU tokens,
   greedy and seeded T=1, short and long;
@@ -28,25 +31,49 @@ from pathlib import Path
 
 from common import ROOT, WORK, main
 TINY_PROMPTS = [[7, 300, 12, 99, 5], list(range(40, 73)), [200]]
+# per pair: the folder names under .gpu/ (tiny checkpoints, artifacts "{name}-{arch}", expected
+# tokens) and the demo pair's checkpoints
+PAIRS = {"qwen3": {"tiny": "tiny", "demo": "demo", "expected": "expected.json", "models": ROOT / "models/demo"},
+         "qwen35": {"tiny": "tiny35", "demo": "demo35", "expected": "expected35.json",
+                    "models": ROOT / "models/demo-qwen35"}}
 TINY_CASES = [("greedy", 0.0, 0), ("t1-seed3", 1.0, 3)]
 LENGTHS = (4, 90)
 
 
-def prepare(arch: str, every_gemm: bool = False) -> None:
+def _tiny_pair(pair: str) -> tuple[Path, Path]:
+    """The tiny float32 pair's checkpoint folders under .gpu/, written when missing (transformers
+    writes the targets, tests/tiny.py the drafters)."""
+    folder = WORK / PAIRS[pair]["tiny"]
+    target, drafter = folder / "target", folder / "drafter"
+    if target.exists():
+        return target, drafter
+    if pair == "qwen3":
+        subprocess.run([sys.executable, str(ROOT / "tests" / "tiny.py"), str(folder)], check=True)
+        return target, drafter
+    sys.path.insert(0, str(ROOT / "tests"))
+    from tiny import make_drafter
+    from tiny_qwen35 import make_hybrid
+
+    make_hybrid(target, seed=4)  # tests/conftest.py's hybrid_pair
+    make_drafter(drafter, target, block_size=8, taps=(1, 3), mask_token_id=511)
+    return target, drafter
+
+
+def prepare(arch: str, every_gemm: bool = False, pair: str = "qwen3") -> None:
     """EVERY_GEMM: the demo pair's matmuls all take the skinny-GEMM splice (no 4 MiB floor: its
-    384-wide weights are below it), to check the kernel, grouped dispatches included, in a model."""
+    384-wide weights are below it), to check the kernel, grouped dispatches included, in a model.
+    PAIR: "qwen3" or "qwen35" (`PAIRS`)."""
     from dflash_iree.export import splice
     from dflash_iree.export.compile import compile_artifacts
     from dflash_iree.export.load import load_target
     from dflash_iree.export.reference import SamplingConfig, generate_plain
 
     WORK.mkdir(exist_ok=True)
-    target, drafter = WORK / "tiny" / "target", WORK / "tiny" / "drafter"
-    if not target.exists():  # the tests' tiny float32 pair (transformers writes the target)
-        subprocess.run([sys.executable, str(ROOT / "tests" / "tiny.py"), str(WORK / "tiny")], check=True)
-    compile_artifacts(arch, target, drafter, WORK / f"tiny-{arch}", max_context=256)
+    names = PAIRS[pair]
+    target, drafter = _tiny_pair(pair)
+    compile_artifacts(arch, target, drafter, WORK / f"{names['tiny']}-{arch}", max_context=256)
     splices = {**splice.LOWERINGS, "gemm": functools.partial(splice.lower_linear, min_weight_bytes=0)} if every_gemm else None
-    compile_artifacts(arch, ROOT / "models/demo/target", ROOT / "models/demo/drafter", WORK / f"demo-{arch}",
+    compile_artifacts(arch, names["models"] / "target", names["models"] / "drafter", WORK / f"{names['demo']}-{arch}",
                       max_context=512, splices=splices)
     eager = load_target(target, 256)
     expected = {}
@@ -54,7 +81,7 @@ def prepare(arch: str, every_gemm: bool = False) -> None:
         for n in LENGTHS:
             for i, p in enumerate(TINY_PROMPTS):
                 expected[f"{name}/{n}/{i}"] = generate_plain(eager, p, n, SamplingConfig(t, seed=seed)).tokens
-    (WORK / "expected.json").write_text(json.dumps({"arch": arch, "tokens": expected}))
+    (WORK / names["expected"]).write_text(json.dumps({"arch": arch, "pair": pair, "tokens": expected}))
 
 
 def _first_div(a, b):
@@ -79,15 +106,17 @@ def _top_k_check(result, k: int) -> dict:
 
 
 def run(device: str, out: str, n_prompts: int, max_new_tokens: int, runs: int, tiny_only: bool = False,
-        arch: str | None = None) -> None:
+        arch: str | None = None, pair: str = "qwen3") -> None:
     from dflash_iree.runtime.bench import read_prompts, run_bench
     from dflash_iree.runtime.engine import Engine
 
-    exp = json.loads((WORK / "expected.json").read_text())
+    names = PAIRS[pair]
+    exp = json.loads((WORK / names["expected"]).read_text())
     arch = arch or exp["arch"]  # the expected tokens are the eager CPU reference's, the same for every arch
-    result = {"device": device, "arch": arch, "tiny": [], "demo": []}
+    result = {"device": device, "arch": arch, "pair": pair, "tiny": [], "demo": []}
     t0 = time.time()
-    tiny = Engine.load(WORK / f"tiny-{arch}", WORK / "tiny/target", WORK / "tiny/drafter", device)
+    tiny_dir = WORK / names["tiny"]
+    tiny = Engine.load(WORK / f"{names['tiny']}-{arch}", tiny_dir / "target", tiny_dir / "drafter", device)
     for name, t, seed in TINY_CASES:
         for n in LENGTHS:
             for i, p in enumerate(TINY_PROMPTS):
@@ -101,9 +130,10 @@ def run(device: str, out: str, n_prompts: int, max_new_tokens: int, runs: int, t
         Path(out).write_text(json.dumps(result) + "\n")
         print(summary(result))
         return
-    demo = Engine.load(WORK / f"demo-{arch}", ROOT / "models/demo/target", ROOT / "models/demo/drafter", device)
+    demo_dir = WORK / f"{names['demo']}-{arch}"
+    demo = Engine.load(demo_dir, names["models"] / "target", names["models"] / "drafter", device)
     # what the demo build spliced (prepare --every-gemm takes every matmul): part of the result
-    result["demo_splices"] = json.loads((WORK / f"demo-{arch}" / "manifest.json").read_text()).get("splices", {})
+    result["demo_splices"] = json.loads((demo_dir / "manifest.json").read_text()).get("splices", {})
     prompts = read_prompts(ROOT / "bench/prompts/code.jsonl", n_prompts)
     for i, p in enumerate(prompts):
         plain = demo.generate(p, max_new_tokens, speculative=False).tokens
@@ -147,7 +177,7 @@ def report(path: str) -> None:
     from dflash_iree.export.reference import top2_margin
 
     result = json.loads(Path(path).read_text())
-    target = load_target(ROOT / "models/demo/target", 512, dtype="f32")
+    target = load_target(PAIRS[result.get("pair", "qwen3")]["models"] / "target", 512, dtype="f32")
     for d in result["demo"]:
         i = d["plain_first_div"]
         d["plain_div_margin"] = None if i is None else top2_margin(target, d["prompt_ids"] + d["dflash"][:i])
@@ -162,6 +192,7 @@ def report(path: str) -> None:
 def _prepare_options(a) -> None:
     a.add_argument("--arch", default="sm_89")
     a.add_argument("--every-gemm", action="store_true", help="the demo's matmuls all take the skinny-GEMM splice")
+    a.add_argument("--pair", choices=sorted(PAIRS), default="qwen3", help="the Qwen3 pairs or the hybrid ones")
 
 
 def _run_options(r) -> None:
@@ -172,10 +203,12 @@ def _run_options(r) -> None:
     r.add_argument("--runs", type=int, default=2)
     r.add_argument("--tiny-only", action="store_true", help="only the tiny float32 pair")
     r.add_argument("--arch", help="the artifacts .gpu/tiny-ARCH and .gpu/demo-ARCH (default: the prepared arch)")
+    r.add_argument("--pair", choices=sorted(PAIRS), default="qwen3", help="as prepared")
 
 
 if __name__ == "__main__":
     sys.exit(main(__doc__, {
-        "prepare": (lambda a: prepare(a.arch, a.every_gemm), _prepare_options),
-        "run": (lambda a: run(a.device, a.json, a.prompts, a.max_new_tokens, a.runs, a.tiny_only, a.arch), _run_options),
+        "prepare": (lambda a: prepare(a.arch, a.every_gemm, a.pair), _prepare_options),
+        "run": (lambda a: run(a.device, a.json, a.prompts, a.max_new_tokens, a.runs, a.tiny_only, a.arch, a.pair),
+                _run_options),
         "report": (lambda a: report(a.json), lambda s: s.add_argument("json"))}))

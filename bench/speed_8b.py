@@ -130,8 +130,11 @@ def _indexes(target, drafter, keep: list):
 
 
 def _iree_steps(folder: Path, indexes: dict, device, rows: int, profile: bool = False,
-                traces: Path | None = None) -> dict:
-    """decode / verify / draft step times of one compiled artifact, after a PROMPT_LEN prefill."""
+                traces: Path | None = None, prefill_len: int = 0, profile_top: int = 25) -> dict:
+    """decode / verify / draft step times of one compiled artifact, after a PROMPT_LEN prefill.
+
+    prefill_len: > 0 also times a prefill of that many tokens (ms and tok/s, 3 runs after one warm-up).
+    profile_top: kernels kept per step's profile (`cuda_profile`'s top)."""
     from dflash_iree.runtime.artifacts import Artifacts
 
     arts = Artifacts.load(folder)
@@ -147,6 +150,13 @@ def _iree_steps(folder: Path, indexes: dict, device, rows: int, profile: bool = 
            "flags": m.flags, "dispatches_per_call": m.stats["dispatches_per_call"],
            "gemm_spliced": sum(g.get("mms", g["ops"]) for g in m.splices.get("gemm", []))}
 
+    if prefill_len:
+        long_prompt = [(11 * i + 5) % 1000 + 10 for i in range(prefill_len)]
+        ms = times(lambda: pair.prefill(long_prompt), 3, warmup=1)
+        out["prefill"] = {"tokens": prefill_len, **summary(ms),
+                          "tok_per_s": round(prefill_len / statistics.median(ms) * 1e3, 1)}
+        first, taps = pair.prefill(prompt)  # back to the PROMPT_LEN context the steps below assume
+        pair.absorb(taps)
     start = PROMPT_LEN
     state = {"tok": first, "pos": start}
 
@@ -199,7 +209,8 @@ def _iree_steps(folder: Path, indexes: dict, device, rows: int, profile: bool = 
     if profile:
         walls = {name: out[name]["median_ms"] for name in steps if name in out}
         walls["verify_draft"] = out.get("round_fused", {}).get("median_ms")
-        out["profile"] = {name: cuda_profile(fn, walls[name], *((2, 25, STEPS) if name == "decode_ahead" else ()))
+        out["profile"] = {name: cuda_profile(fn, walls[name], *((2, profile_top, STEPS) if name == "decode_ahead"
+                                                                else (10, profile_top)))
                           for name, fn in steps.items()}  # decode_ahead: per token, over 2 x STEPS
         out["host_timeline"] = {
             name: host_timeline(steps[name], trace=traces / f"trace_{folder.name}_{name}.json" if traces else None)
