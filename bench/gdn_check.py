@@ -96,7 +96,7 @@ def run(out_json: str) -> dict:
         (mixed, b, a, A_log, dt_bias), slots0 = _inputs(T)
         rows = np.array([[FROM, 0]], np.int32)
         m.fn["set_slots"](slots0)
-        o = f32(m.fn["gdn"](mixed, b, a, A_log, dt_bias, rows, np.int32(LAYER)))
+        o = f32(m.fn["gdn"](mixed, b, a, A_log, dt_bias, rows, LAYER))
         got = np.asarray(m.fn["get_slots"]())
         want_o, want_s = gdn_step(f32(mixed), f32(b), f32(a), f32(A_log), f32(dt_bias), slots0, rows, LAYER, HK, DK, "bf16")
         written = got[0, :T, LAYER]
@@ -115,14 +115,14 @@ def run(out_json: str) -> dict:
             for t in range(T):
                 r1 = np.array([[FROM if t == 0 else t - 1, t]], np.int32)
                 outs.append(f32(one.fn["gdn"](*(np.ascontiguousarray(v[:, t:t + 1]) for v in (mixed, b, a)), A_log,
-                                              dt_bias, r1, np.int32(LAYER))))
+                                              dt_bias, r1, LAYER)))
             chain = np.asarray(one.fn["get_slots"]())
             row["rows_equal_t1_chain"] = bool(np.array_equal(np.concatenate(outs, 1).view(np.uint32), o.view(np.uint32))
                                               and np.array_equal(chain[0, :T, LAYER].view(np.uint32),
                                                                  written.view(np.uint32)))
         # speed: inputs on the device, the same call repeated (it rewrites the same slots)
         args = [rt.asdevicearray(device, v) for v in (mixed, b, a, A_log, dt_bias, rows)]
-        call = lambda: m.fn["gdn"](*args, np.int32(LAYER))  # noqa: E731
+        call = lambda: m.fn["gdn"](*args, LAYER)  # noqa: E731
         for _ in range(5):
             call()
         torch.cuda.synchronize()
