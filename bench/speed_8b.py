@@ -166,15 +166,19 @@ def _iree_steps(folder: Path, indexes: dict, device, rows: int, profile: bool = 
 
     out["decode"] = summary(times(decode, STEPS))
 
-    tok, ref = first, []
-    for i in range(16):
-        tok = pair.decode(tok, start + i)
-        ref.append(tok)
-    out["decode_ahead_same_tokens"] = list(pair.decode_ahead(first, start, 16)) == ref
-    # verify over decode's own tokens must pick them again, except at a bf16 near-tie: a check of the
-    # verify graph's custom dispatches (GEMMs and their epilogues, block attention) against decode's
-    picked, _ = pair.verify([first] + ref[:B - 1], start)
-    out["verify_agrees_with_decode"] = f"{sum(a == b for a, b in zip(picked, ref[:B]))}/{B}"
+    # Two token checks that decode again from `start` after the timed steps moved past it: a KV cache
+    # rolls back by length, a hybrid target's recurrent state only within its last call's rows
+    # (export/recurrent_state.py), so they are left out for one (gpu_check.py --pair qwen35 checks it).
+    if "recurrent" not in m.state:
+        tok, ref = first, []
+        for i in range(16):
+            tok = pair.decode(tok, start + i)
+            ref.append(tok)
+        out["decode_ahead_same_tokens"] = list(pair.decode_ahead(first, start, 16)) == ref
+        # verify over decode's own tokens must pick them again, except at a bf16 near-tie: a check of the
+        # verify graph's custom dispatches (GEMMs and their epilogues, block attention) against decode's
+        picked, _ = pair.verify([first] + ref[:B - 1], start)
+        out["verify_agrees_with_decode"] = f"{sum(a == b for a, b in zip(picked, ref[:B]))}/{B}"
 
     def ahead():  # the runtime's plain decoding: STEPS tokens from the same position each time
         for _ in pair.decode_ahead(first, start, STEPS):

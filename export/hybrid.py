@@ -61,6 +61,7 @@ def state_record(globals_: dict, cfg, block_size: int) -> dict:
         "step_bytes": sum(s["bytes"] for s in step.values()),
         "slot_bytes": sum(g["bytes"] for n, g in state["globals"].items() if n.startswith("target.state.")),
         "prefill_chunk": PREFILL_CHUNK,
-        "lowering": "the DeltaNet layers are IREE's own ops on every arch (no kernel of kernels/ covers them yet)",
+        "lowering": ("decode, verify and draft: the GDN step kernel (kernels/gdn/) on GPU archs (`splices.gdn`), "
+                     "IREE's ops on the host; prefill's chunked rule and the conv: IREE's ops on every arch"),
     }
     return state
