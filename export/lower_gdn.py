@@ -6,9 +6,12 @@ The export threads the recurrent-state slots through a call's GDN layers as a va
 in place (a tied operand), so no stack, transpose or scatter of the states remains, and the slots
 are stored into their global once. The references do not follow the same chain: every op's
 `ref_slots` is its slots input except the last GDN layer's, which carries every layer's states (the
-eager write). So the ops of one function go to the kernel all together or to IREE all together:
-when the arch has no kernel or one op's shape is refused, every op of that function becomes its
-references, which is exactly the module the export would be without the op.
+eager write). So the ops of one function go to the kernel all together or to IREE all together, and
+so do the module's functions: decode, verify and draft must run one rule (the kernel's and IREE's
+sum in other orders and with other exp and log), or decode's rows would not equal verify's and
+drafted != plain. When the arch has no kernel or one op's shape is refused (a verify of more than
+16 rows: a drafter trained for a larger block), every op of the module becomes its references,
+which is exactly the module the export would be without the op.
 
 An op takes the kernel when the arch has it (dflash_iree/arch.py), its tensors have static shapes,
 the model dtype is f32 or bf16, the layer and key-head count are constants and the kernel takes the
@@ -61,20 +64,12 @@ def _why_not(op, arch: str):
     return None, (S, T, Hk, Hv, dk, dv, tuple(ds), dtype, li)
 
 
-def _function_of(op) -> str:
-    """The symbol name of the function holding OP (the group whose ops lower together)."""
-    parent = op.operation.parent
-    while parent is not None and parent.name not in ("func.func", "util.func"):
-        parent = parent.parent
-    return "" if parent is None else str(parent.attributes["sym_name"]).strip('"')
-
-
 def lower_gdn(module, arch: str):
     """Lower every `dflash::gated_delta_rule` of MODULE for ARCH (module docstring).
 
     Returns None when MODULE has no such op, else a `Lowered` (export/splice.py) whose entries are,
     per kernel shape, S, T, Hk, Hv, dk, dv, dtype and `ops` (calls); and per op left to IREE, the
-    reason (the first refused op's, for every op of its function).
+    reason (the first refused op's, for every op of the module).
     Raises DFlashError from `gdn_dispatch` (a missing object).
     """
     from dflash_iree.kernels.gdn import gdn_dispatch
@@ -83,30 +78,26 @@ def lower_gdn(module, arch: str):
     if not ops:
         return None
     out = Lowered(rule={"kernel": has_kernel(arch, "gdn")})
-    groups: dict = {}
-    for op in ops:
-        groups.setdefault(_function_of(op), []).append(op)
     counts: dict[tuple, int] = {}
-    for fops in groups.values():
-        checked = [_why_not(op, arch) for op in fops]
-        why = next((w for w, _ in checked if w), None)
-        for op, (_, shape) in zip(fops, checked):
-            ref_o, ref_slots = op.operands[9], op.operands[10]
-            if why:
-                out.iree[why] = out.iree.get(why, 0) + 1
-                replace_with_values(op, [ref_o, ref_slots])
-                continue
-            S, T, Hk, Hv, dk, dv, ds, dtype, li = shape
-            name = f"dflash_gdn_{S}x{T}x{Hk}x{Hv}x{dk}x{dv}_{dtype}_{'x'.join(map(str, ds))}"
-            d = gdn_dispatch(S, T, Hk, Hv, dk, dv, ds, dtype, arch, name=name)
-            add_functions(module, d.mlir)  # once per name: a symbol the module has is kept
-            operands = list(op.operands[:7]) + [i32_constant(op, li)]
-            got = emit_call(op, name, operands, [builtin_type(ref_o.type), builtin_type(ref_slots.type)],
-                            [ref_o.type, ref_slots.type])
-            replace_with_values(op, got)
-            key = (S, T, Hk, Hv, dk, dv, dtype)
-            counts[key] = counts.get(key, 0) + 1
-            out.flags += [f for f in d.flags if f not in out.flags]
+    checked = [_why_not(op, arch) for op in ops]
+    why = next((w for w, _ in checked if w), None)
+    for op, (_, shape) in zip(ops, checked):
+        ref_o, ref_slots = op.operands[9], op.operands[10]
+        if why:
+            out.iree[why] = out.iree.get(why, 0) + 1
+            replace_with_values(op, [ref_o, ref_slots])
+            continue
+        S, T, Hk, Hv, dk, dv, ds, dtype, li = shape
+        name = f"dflash_gdn_{S}x{T}x{Hk}x{Hv}x{dk}x{dv}_{dtype}_{'x'.join(map(str, ds))}"
+        d = gdn_dispatch(S, T, Hk, Hv, dk, dv, ds, dtype, arch, name=name)
+        add_functions(module, d.mlir)  # once per name: a symbol the module has is kept
+        operands = list(op.operands[:7]) + [i32_constant(op, li)]
+        got = emit_call(op, name, operands, [builtin_type(ref_o.type), builtin_type(ref_slots.type)],
+                        [ref_o.type, ref_slots.type])
+        replace_with_values(op, got)
+        key = (S, T, Hk, Hv, dk, dv, dtype)
+        counts[key] = counts.get(key, 0) + 1
+        out.flags += [f for f in d.flags if f not in out.flags]
     out.entries = [{"S": S, "T": T, "Hk": Hk, "Hv": Hv, "dk": dk, "dv": dv, "dtype": dt, "ops": c}
                    for (S, T, Hk, Hv, dk, dv, dt), c in sorted(counts.items())]
     return out

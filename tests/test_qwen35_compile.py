@@ -143,3 +143,21 @@ def test_sm_80_puts_the_hybrid_layers_on_the_kernels(tiny_dir, tmp_path):
     hybrid = [e for e in splices["norm_rope"] if e.get("zero_centered")]  # the rest: the drafter's Qwen3 norms
     assert hybrid and all(e["rotary_dim"] == 8 for e in hybrid)
     assert {e["T"] for e in splices["gdn"]} == {1, B} and not {"gdn", "norm_rope"} & set(splices.get("iree", {}))
+
+
+def test_sm_80_runs_one_deltanet_rule_in_every_entry_point(tiny_dir, tmp_path):
+    """A drafter trained for a block of 20: verify's 20 rows are more than the GDN step kernel takes
+    (16), so every entry point's DeltaNet rule, decode's included, goes to IREE: decode on the kernel
+    and verify on IREE would sum in other orders, and decode's rows would not equal verify's."""
+    import torch
+    from tiny import make_drafter
+    from tiny_qwen35 import make_hybrid
+
+    from dflash_iree.export.compile import Progress, compile_artifacts
+
+    target = make_hybrid(tiny_dir / "hybrid-target-bf16", seed=4, dtype="bfloat16")
+    drafter = make_drafter(tiny_dir / "hybrid-drafter-b20", target, block_size=20, taps=(1, 3), mask_token_id=511,
+                           dtype=torch.bfloat16)
+    m = compile_artifacts("sm_80", target, drafter, tmp_path / "sm_80", max_context=256, sampled=False,
+                          draft_top_k=0, use_cache=False, log=Progress(open(os.devnull, "w")))
+    assert not m.splices.get("gdn") and sum(m.splices["iree"]["gdn"].values()) >= 2 * 3  # decode's 3 layers too
