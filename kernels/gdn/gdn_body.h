@@ -41,7 +41,7 @@
  * log1p and sigmoid to within a few ulps).
  *
  * Limits: dk a multiple of 4 up to 128 (GD_DMAX), any dv (column blocks of 32), 1 <= T <= GD_TMAX
- * (16), Hv a multiple of Hk. Shared memory: 2 * 16 * 128 * 4 + small = 16.6 KiB.
+ * (16), Hv a multiple of Hk. Shared memory: 2 * 16 * 128 * 4 + 1,280 = 17,664 bytes.
  */
 #ifndef DFLASH_GDN_BODY_H
 #define DFLASH_GDN_BODY_H
