@@ -333,13 +333,16 @@ def _refuse_wrong_kind(target: Path, drafter: Path) -> None:
     """
     import json
 
-    def drafter_config(folder: Path) -> bool | None:
+    def drafter_config(folder: Path, loose: bool) -> bool | None:
+        # loose: a top-level mask_token_id counts too, as load_drafter_config reads one; not for
+        # the target's folder, lest a target config that carries one look like a drafter
         try:
-            return is_drafter_config(json.loads((folder / "config.json").read_text()))
+            raw = json.loads((folder / "config.json").read_text())
         except (OSError, ValueError):
             return None
+        return is_drafter_config(raw) or (loose and "mask_token_id" in raw)
 
-    t, d = drafter_config(target), drafter_config(drafter)
+    t, d = drafter_config(target, loose=False), drafter_config(drafter, loose=True)
     if t is True and d is False:
         raise DFlashError(f"--target {target} holds a DFlash drafter and --drafter {drafter} a target "
                           "(their config.json): they look swapped; pass them the other way round")
