@@ -258,7 +258,6 @@ def run(out_json: str, arch: str) -> dict:
     import ml_dtypes
     import numpy as np
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
     device = rt.get_device("cuda")
     rng = np.random.default_rng(0)
@@ -278,10 +277,7 @@ def run(out_json: str, arch: str) -> dict:
             path = WORK / f"{variant}-t{T}-{arch}.vmfb"
             if not path.is_file():
                 continue
-            instance = rt.VmInstance()
-            vm = rt.VmModule.mmap(instance, str(path))
-            ctx = rt.VmContext(instance, modules=[rt.create_hal_module(instance, device), vm])
-            fn = rt.FunctionInvoker(ctx, device, vm.lookup_function("main"))
+            fn = _main_function(path, device)
 
             def call():
                 return np.asarray(fn(q, cache, start, pages)).astype(np.float32)
@@ -292,17 +288,10 @@ def run(out_json: str, arch: str) -> dict:
                 t0 = time.perf_counter()
                 call()
                 ms.append((time.perf_counter() - t0) * 1e3)
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(10):
-                    call()
-            ev = [e for e in prof.key_averages() if e.device_time_total > 0 and "Memcpy" not in e.key]
             ref.setdefault(T, out)
-            r = {"wall_ms": round(statistics.median(ms), 4),
-                 "busy_ms": round(sum(e.device_time_total for e in ev) / 10 / 1e3, 4),
-                 "kernels_per_call": round(sum(e.count for e in ev) / 10, 1),
+            r = {**_kernel_times(call, ms, top=4),
                  "max_abs_diff_vs_first": float(np.abs(out - ref[T]).max()),
-                 "max_abs_diff_vs_torch_f32": float(np.abs(out - exact).max()),
-                 "top": sorted(((e.key[:120], round(e.device_time_total / 10 / 1e3, 4)) for e in ev), key=lambda x: -x[1])[:4]}
+                 "max_abs_diff_vs_torch_f32": float(np.abs(out - exact).max())}
             if T == 16:
                 t16[variant] = out
             elif variant in t16:
@@ -381,6 +370,32 @@ def prepare_gated(arch: str, shapes=tuple(GATED_SHAPES), variants=GATED_VARIANTS
         mlir.unlink()
 
 
+def _main_function(path, device):
+    """The `main` function of the compiled module at PATH, loaded on DEVICE (iree.runtime)."""
+    import iree.runtime as rt
+
+    instance = rt.VmInstance()
+    vm = rt.VmModule.mmap(instance, str(path))
+    ctx = rt.VmContext(instance, modules=[rt.create_hal_module(instance, device), vm])
+    return rt.FunctionInvoker(ctx, device, vm.lookup_function("main"))
+
+
+def _kernel_times(call, ms: list, top: int) -> dict:
+    """The median of the wall times MS (ms a call), and from CUPTI over 10 calls of CALL the busy ms
+    and kernels a call (device-to-device copies left out) and the TOP kernels by time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            call()
+    ev = [e for e in prof.key_averages() if e.device_time_total > 0 and "Memcpy" not in e.key]
+    return {"wall_ms": round(statistics.median(ms), 4),
+            "busy_ms": round(sum(e.device_time_total for e in ev) / 10 / 1e3, 4),
+            "kernels_per_call": round(sum(e.count for e in ev) / 10, 1),
+            "top": sorted(((e.key[:120], round(e.device_time_total / 10 / 1e3, 4)) for e in ev),
+                          key=lambda x: -x[1])[:top]}
+
+
 def _head_major(x, Hkv: int, hd: int):
     """[..., T, Hq * hd] or [..., T, Hq, hd] of one layer [1, T, ...] -> [1, Hkv, T * g, hd] (the kernel's rows)."""
     T = x.shape[1]
@@ -411,7 +426,6 @@ def run_gated(out_json: str, arch: str) -> dict:
     import ml_dtypes
     import numpy as np
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
     from dflash_iree.kernels.attention.reference import bits
     from dflash_iree.kernels.gemm.reference import ulp_distance
@@ -447,25 +461,13 @@ def run_gated(out_json: str, arch: str) -> dict:
             path = GATED_WORK / f"gated-{shape}-{variant}-{arch}.vmfb"
             if not path.is_file():
                 continue
-            instance = rt.VmInstance()
-            vm = rt.VmModule.mmap(instance, str(path))
-            ctx = rt.VmContext(instance, modules=[rt.create_hal_module(instance, device), vm])
-            fn = rt.FunctionInvoker(ctx, device, vm.lookup_function("main"))
+            fn = _main_function(path, device)
 
             def call(gate=gates["gate"]):
                 return np.asarray(fn(q, gate, cache, start, pages))
 
             out = call()
-            ms = common.times(call, 30)
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(10):
-                    call()
-            ev = [e for e in prof.key_averages() if e.device_time_total > 0 and "Memcpy" not in e.key]
-            r = {"wall_ms": round(statistics.median(ms), 4),
-                 "busy_ms": round(sum(e.device_time_total for e in ev) / 10 / 1e3, 4),
-                 "kernels_per_call": round(sum(e.count for e in ev) / 10, 1),
-                 "top": sorted(((e.key[:120], round(e.device_time_total / 10 / 1e3, 4)) for e in ev),
-                               key=lambda x: -x[1])[:3]}
+            r = _kernel_times(call, common.times(call, 30), top=3)
             outs[variant] = out.astype(np.float32)
             if variant == "kernel":
                 from dflash_iree.kernels.attention.reference import gate_output
