@@ -240,7 +240,7 @@ def gated_delta_rule(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, A_lo
         ref_o: [S, T, Hv, dv] in the model dtype, o as the eager rule computes it.
         ref_slots: the slots after the reference's write (export/qwen35.py `Qwen35.step`: the slots
             input for every GDN layer but the last, whose ref_slots carry every layer's states: the
-            lowering gives all of a function's ops to the kernel or all to IREE).
+            lowering gives all of a module's ops to the kernel or all to IREE).
 
     Returns:
         (o, slots): copies of (ref_o, ref_slots). The kernel's are o and `slots` with layer `layer`'s
