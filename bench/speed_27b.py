@@ -43,6 +43,7 @@ from draft_step import _host_index, _modules
 ARTIFACT = "27b-b16-sm_80"
 PREFILL_LEN = 2048
 STEPS = speed_8b.STEPS
+ROWS = -(-(speed_8b.PROMPT_LEN + STEPS + 3) // 32) * 32  # the cache rows decode attends to (recorded)
 # Kernel kinds of a profile, first match wins: our dispatches by name, IREE's DeltaNet state ops by
 # the [Hv, dk, dv] shape their names carry (`_kind`), IREE's others by the op their name carries.
 KINDS = (("copies", ("memcpy", "memset")), ("GDN step", ("dflash_gdn",)),
@@ -76,7 +77,7 @@ def _split(profile: dict, state_tag: str, keep: int = 40) -> dict:
     return profile
 
 
-def _step_bytes(torch, target, rows: int, block: int) -> dict:
+def _step_bytes(target, rows: int, block: int) -> dict:
     """Bytes a decode step and a verify of `block` rows move (module docstring)."""
     cfg = target.cfg
     embed = target.body.embed_tokens.weight
@@ -103,14 +104,13 @@ def _run(args) -> int:
     print(f"copy bandwidth {out['copy']['tb_per_s']} TB/s", flush=True)
     torch.manual_seed(0)
     target, drafter = _modules(torch, arts, "cuda", with_target=True)
-    rows = -(-(speed_8b.PROMPT_LEN + STEPS + 3) // 32) * 32
-    out["bytes"] = _step_bytes(torch, target, rows, arts.block_size)
+    out["bytes"] = _step_bytes(target, ROWS, arts.block_size)
     keep: list = []
     indexes = {"target": _host_index(torch, target, keep)[0], "drafter": _host_index(torch, drafter, keep)[0]}
     del target, drafter
     torch.cuda.empty_cache()
     print(f"target moves {out['bytes']['decode'] / 1e9:.2f} GB a decode step", flush=True)
-    r = speed_8b._iree_steps(folder, indexes, open_device(arts), rows, args.profile, prefill_len=args.prefill,
+    r = speed_8b._iree_steps(folder, indexes, open_device(arts), ROWS, args.profile, prefill_len=args.prefill,
                              profile_top=100000)
     for prof in r.get("profile", {}).values():
         _split(prof, out["bytes"]["state_tag"])
@@ -134,12 +134,11 @@ def _peer(args) -> int:
         for p in target.parameters():
             if p.is_floating_point():
                 p.nan_to_num_(0.0, 0.0, 0.0)
-    rows = -(-(speed_8b.PROMPT_LEN + STEPS + 3) // 32) * 32
     out = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "peers": []}
     for mode in args.peers:
         try:
             with torch.no_grad():
-                r = speed_8b._torch_decode(torch, target, None if mode == "eager" else mode, rows)
+                r = speed_8b._torch_decode(torch, target, None if mode == "eager" else mode, ROWS)
         except Exception as e:  # a peer that fails is reported, not fatal
             r = {"mode": mode, "error": f"{type(e).__name__}: {str(e)[:300]}"}
         out["peers"].append(r)

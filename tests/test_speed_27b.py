@@ -23,7 +23,7 @@ def test_step_bytes_count_weights_state_slots_and_kv_rows():
         cfg = load_target_config(ROOT / "tests/fixtures/qwen3.5-27b")
     with torch.device("meta"):
         target = Qwen35(cfg, 4096, (), 1, torch.bfloat16, state_slots=16)
-    b = speed_27b._step_bytes(torch, target, rows=608, block=16)
+    b = speed_27b._step_bytes(target, rows=608, block=16)
     slot = 48 * (48 * 128 * 128 * 4 + 3 * 10240 * 2)  # 48 GDN layers: f32 state and bf16 conv window
     assert b["state_slot"] == slot and b["state_tag"] == "48x128x128"
     assert b["kv_read"] == 16 * 2 * 608 * 4 * 256 * 2  # 16 attention layers, K and V, 4 KV heads of 256
