@@ -9,6 +9,7 @@
  *   KG_BARRIER()       workgroup barrier that also makes shared-memory writes visible
  *   KG_FENCE()         device-scope memory fence (orders global writes before an arrival count)
  *   KG_EXP2(x)         2^x from the hardware unit (approximate: rel. error ~2^-22; 2^-inf = 0)
+ *   KG_SHFL(v, lane)   float v of lane LANE (0..31) of this thread's warp / wave32; every lane must take part
  *   KG_LAUNCH(T)       entry-point attribute: at most T threads per workgroup
  *   KG_FN, KG_SHARED   device-function and workgroup-shared-storage qualifiers
  *   kg_bf16(f)         f32 -> bf16 bits, rounded to nearest even (NaN stays a quiet NaN)
@@ -31,6 +32,7 @@
 #define KG_FENCE() __nvvm_membar_gl()
 #define KG_EXP2(x) __nvvm_ex2_approx_ftz_f(x)
 #define KG_LAUNCH(T) __attribute__((launch_bounds(T)))
+#define KG_SHFL(v, lane) __nvvm_shfl_sync_idx_f32(0xffffffffu, (v), (lane), 0x1f)
 #elif defined(__AMDGCN__)
 #define KG_TID() ((int)__builtin_amdgcn_workitem_id_x())
 #define KG_WG_X() ((int)__builtin_amdgcn_workgroup_id_x())
@@ -46,6 +48,8 @@
 #define KG_FENCE() __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, "agent")
 #define KG_EXP2(x) __builtin_amdgcn_exp2f(x)
 #define KG_LAUNCH(T) __attribute__((amdgpu_flat_work_group_size(1, T)))
+/* ds_bpermute addresses lanes in bytes; the gfx targets built here run wave32 */
+#define KG_SHFL(v, lane) __builtin_bit_cast(float, __builtin_amdgcn_ds_bpermute((lane) << 2, __builtin_bit_cast(int, (v))))
 #else
 #error "gpu.h is for NVPTX or AMDGCN device code only"
 #endif

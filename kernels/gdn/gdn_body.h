@@ -22,12 +22,13 @@
  *   dt: f32 (dtype 0) or bf16 (dtype 1).
  *
  * Decomposition: workgroup (c, h, s) owns the 32 state columns [32 c, 32 c + 32) of head h; its 128
- * threads are 4 row groups x 32 columns, thread (gi, j) keeping rows [gi R, gi R + R) of column j in
- * registers (R = dk / 4 <= 32). The state is read once, updated T times in registers and written
- * after every row (one coalesced 128-byte store per warp and state row). All T rows' q and k are
- * staged in shared memory and normalised first (2T threads, one row each); the gates by T threads.
- * kv and o are per-thread sums over the thread's R rows, then the 4 row groups' partials added
- * through shared memory (kv and o in separate arrays), two barriers a row.
+ * threads are 4 warps of 8 columns, lane (gi, c8) of a warp (lane 8 gi + c8) keeping rows
+ * [gi R, gi R + R) of its column in registers (R = dk / 4 <= 32). The state is read once, updated T
+ * times in registers and written after every row (32-byte segments, the 4 warps of a workgroup
+ * covering 128-byte lines). All T rows' q, k and v are staged in shared memory first, and q and k
+ * normalised (2T threads, one row each); the gates by T threads. kv and o are per-lane sums over the
+ * lane's R rows, then the 4 row groups' partials of a column gathered across the warp (KG_SHFL), so
+ * the row loop has no barrier: the warps run their T rows independently.
  *
  * Numerics contract: a row's o and the state after it depend only on the state before it and the
  * row's inputs, whatever T is and wherever the row sits (decode and verify give bit-identical states
@@ -139,23 +140,28 @@ KG_FN void gd_workgroup(const void* __restrict__ mixed, const void* __restrict__
                         int n_gdn, int dtype, float eps, float scale, int wc, int h, int s, int tid) {
   KG_SHARED float sq[GD_TMAX][GD_DMAX];
   KG_SHARED float sk[GD_TMAX][GD_DMAX];
+  KG_SHARED float sv[GD_TMAX][GD_COLS];
   KG_SHARED float inv[2 * GD_TMAX];
   KG_SHARED float sdecay[GD_TMAX], sbeta[GD_TMAX];
-  KG_SHARED float pkv[GD_GROUPS][GD_COLS], po[GD_GROUPS][GD_COLS];
 
   const int conv_dim = 2 * Hk * dk + Hv * dv;
   const int hk = h / (Hv / Hk);
-  const int gi = tid / GD_COLS, c = tid % GD_COLS;
+  const int lane = tid % 32, gi = lane / 8, c8 = lane % 8;
+  const int c = (tid / 32) * 8 + c8;
   const int j = wc * GD_COLS + c;
   const bool col = j < dv;
   const int R = dk / GD_GROUPS;
   const long head = (long)dk * dv;
 
-  /* stage q and k of every row, raw */
+  /* stage q and k of every row, raw, and v of this workgroup's columns */
   for (int x = tid; x < 2 * T * dk; x += GD_T) {
     const int which = x / (T * dk), t = (x / dk) % T, i = x % dk;
     const float v = gd_load(mixed, (long)(s * T + t) * conv_dim + which * Hk * dk + hk * dk + i, dtype);
     if (which == 0) sq[t][i] = v; else sk[t][i] = v;
+  }
+  for (int x = tid; x < T * GD_COLS; x += GD_T) {
+    const int t = x / GD_COLS, jj = wc * GD_COLS + x % GD_COLS;
+    sv[t][x % GD_COLS] = jj < dv ? gd_load(mixed, (long)(s * T + t) * conv_dim + 2 * Hk * dk + h * dv + jj, dtype) : 0.0f;
   }
   /* the gates of every row */
   if (tid < T) {
@@ -185,6 +191,7 @@ KG_FN void gd_workgroup(const void* __restrict__ mixed, const void* __restrict__
   if (tid < 2 * T) {
     const float* x = tid < T ? sq[tid] : sk[tid - T];
     float ss = 0.0f;
+#pragma unroll 8
     for (int i = 0; i < dk; ++i) ss = ss + x[i] * x[i];
     inv[tid] = 1.0f / __builtin_sqrtf(ss + eps);
   }
@@ -207,11 +214,8 @@ KG_FN void gd_workgroup(const void* __restrict__ mixed, const void* __restrict__
         p = p + st[r] * sk[t][i0 + r];
       }
     }
-    pkv[gi][c] = p;
-    KG_BARRIER();  /* (every thread read the last row's pkv before the last barrier, group 0 its po before this one) */
-    const float kv = ((pkv[0][c] + pkv[1][c]) + pkv[2][c]) + pkv[3][c];
-    const float v = col ? gd_load(mixed, (long)(s * T + t) * conv_dim + 2 * Hk * dk + h * dv + j, dtype) : 0.0f;
-    const float delta = (v - kv) * sbeta[t];
+    const float kv = ((KG_SHFL(p, c8) + KG_SHFL(p, 8 + c8)) + KG_SHFL(p, 16 + c8)) + KG_SHFL(p, 24 + c8);
+    const float delta = (sv[t][c] - kv) * sbeta[t];
     float o = 0.0f;
 #pragma unroll
     for (int r = 0; r < GD_RMAX; ++r) {
@@ -220,18 +224,16 @@ KG_FN void gd_workgroup(const void* __restrict__ mixed, const void* __restrict__
         o = o + st[r] * sq[t][i0 + r];
       }
     }
-    po[gi][c] = o;
     if (col) {
-      float* dst = slots + ((long)(base + t) * n_gdn + layer) * Hv * head + (long)h * head + col0;
+      float* d = slots + ((long)(base + t) * n_gdn + layer) * Hv * head + (long)h * head + col0;
 #pragma unroll
       for (int r = 0; r < GD_RMAX; ++r) {
-        if (r < R) *dst = st[r];
-        dst += dv;
+        if (r < R) *d = st[r];
+        d += dv;
       }
     }
-    KG_BARRIER();
+    const float y = ((KG_SHFL(o, c8) + KG_SHFL(o, 8 + c8)) + KG_SHFL(o, 16 + c8)) + KG_SHFL(o, 24 + c8);
     if (gi == 0 && col) {
-      const float y = ((po[0][c] + po[1][c]) + po[2][c]) + po[3][c];
       const long at = ((long)(s * T + t) * Hv + h) * dv + j;
       if (dtype == 1) ((unsigned short*)out)[at] = kg_bf16(y);
       else ((float*)out)[at] = y;
