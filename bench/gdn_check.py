@@ -1,6 +1,6 @@
 """The Gated DeltaNet step dispatch (kernels/gdn/) on a GPU at the Qwen3.5-27B layer shape: bits and speed.
 
-    python bench/gdn_check.py prepare [--arch sm_80]    # here: one standalone module per T into .gpu/gdn/
+    python bench/gdn_check.py prepare [--arch sm_80] [--iree]    # here: one standalone module per T into .gpu/gdn/
     python bench/pack_device.py wheels && python bench/pack_device.py artifacts gdn
     # carry [".gpu/wheels", ".gpu/artifacts.zip"], then on the GPU machine:
     bash bench/on_device.sh python3 bench/gdn_check.py run --json "$OUT/gdn_check.json"
@@ -18,14 +18,19 @@ slot 5 (a rollback: the state after the 6th row of the call before) and writing 
 - speed: the kernel's device time per call (CUPTI, torch.profiler), the bytes it must move (the state
   read once, T states written, the inputs and o) over that time, and that as a fraction of this GPU's
   device-to-device copy bandwidth (bench/common.py `copy_bandwidth`).
+With `prepare --iree`, also IREE's own lowering of the same step (the eager rule of export/gdn.py,
+`prepare` + `recurrent_rule`, exported through iree-turbine and compiled for the arch, the state an
+argument and every row's state a result): `run` times it beside the kernel (`iree_us`, the sum of
+its dispatches' device time a call) over the same bytes. `prepare --objects DIR --out DIR2` builds the
+modules on another folder of kernel objects (a variant of gdn_gpu.cu) into DIR2 (`run --dir DIR2`).
 `run` exits 1 when any bit check fails.
 """
 
 from __future__ import annotations
 
 import json
-import statistics
 import sys
+from pathlib import Path
 
 import common
 from common import main, write_json
@@ -36,19 +41,48 @@ ROWS = (1, 8, 16)
 SLOT_SHAPE = (S, SLOTS, N_GDN, HV, DK, DV)
 
 
-def prepare(arch: str) -> None:
-    """Compile one standalone module per T for ARCH into .gpu/gdn/."""
+def _iree_rule_mlir(T: int) -> str:
+    """MLIR of the eager rule at this shape for T rows: (mixed, b, a, A_log, dt_bias, state [S, Hv, dk, dv] f32)
+    -> (o [S, T, Hv, dv] bf16, states [T, S, Hv, dk, dv] f32), as export/gdn.py computes it."""
+    import torch
+    import torch.nn.functional as F
+    from iree.turbine import aot
+
+    from dflash_iree.export.gdn import prepare as rule_inputs, recurrent_rule
+
+    class Rule(torch.nn.Module):
+        def forward(self, mixed, b, a, A_log, dt_bias, state):
+            q, k, v = torch.split(mixed, [HK * DK, HK * DK, HV * DV], -1)
+            q, k, v = q.reshape(S, T, HK, DK), k.reshape(S, T, HK, DK), v.reshape(S, T, HV, DV)
+            g = -A_log.float().exp() * F.softplus(a.float() + dt_bias)
+            o, states = recurrent_rule(*rule_inputs(q, k, v, b.sigmoid(), g), state)
+            return o.transpose(1, 2).to(mixed.dtype), torch.stack(states)
+
+    bf = torch.bfloat16
+    args = (torch.zeros(S, T, 2 * HK * DK + HV * DV, dtype=bf), torch.zeros(S, T, HV, dtype=bf),
+            torch.zeros(S, T, HV, dtype=bf), torch.zeros(HV, dtype=bf), torch.zeros(HV, dtype=bf),
+            torch.zeros(S, HV, DK, DV))
+    return str(aot.export(Rule(), args=args).mlir_module)
+
+
+def prepare(arch: str, out: str | None = None, objects: str | None = None, iree: bool = False) -> None:
+    """Compile one standalone module per T for ARCH into OUT (.gpu/gdn/), on the objects of OBJECTS
+    (default the committed ones); with IREE, also IREE's lowering of the eager rule per T."""
     import iree.compiler as ic
 
     from dflash_iree.export.compile import compile_flags, resolve_arch
     from dflash_iree.kernels.gdn import gdn_dispatch, standalone_module
 
-    WORK.mkdir(parents=True, exist_ok=True)
+    work = Path(out) if out else WORK
+    work.mkdir(parents=True, exist_ok=True)
     flags = compile_flags(resolve_arch(arch)[0])
     for T in ROWS:
         d = gdn_dispatch(S, T, HK, HV, DK, DV, SLOT_SHAPE, "bf16", arch)
-        ic.compile_str(standalone_module(d), extra_args=flags + d.flags, output_file=str(WORK / f"gdn_t{T}.vmfb"))
-    (WORK / "cases.json").write_text(json.dumps({"arch": arch, "rows": ROWS}) + "\n")
+        search = [f"--iree-hal-executable-object-search-path={Path(objects).resolve()}"] if objects else d.flags
+        ic.compile_str(standalone_module(d), extra_args=flags + search, output_file=str(work / f"gdn_t{T}.vmfb"))
+        if iree:
+            ic.compile_str(_iree_rule_mlir(T), extra_args=flags, output_file=str(work / f"iree_t{T}.vmfb"))
+    (work / "cases.json").write_text(json.dumps({"arch": arch, "rows": ROWS, "iree": iree}) + "\n")
 
 
 def _inputs(T: int, seed: int = 0):
@@ -77,19 +111,36 @@ class _Module:
         self.fn = {n: rt.FunctionInvoker(self.ctx, device, vm.lookup_function(n)) for n in ("gdn", "get_slots", "set_slots")}
 
 
-def run(out_json: str) -> dict:
-    import iree.runtime as rt
-    import numpy as np
+def _device_us(call, match=None, n: int = 50) -> float | None:
+    """Mean device time (µs) a call of CALL's kernels (those whose name contains MATCH; None: all), CUPTI."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    for _ in range(5):
+        call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            call()
+        torch.cuda.synchronize()
+    ev = [e for e in prof.key_averages() if e.device_time_total > 0 and (match is None or match in e.key)
+          and "Memcpy" not in e.key and "Memset" not in e.key]
+    return sum(e.device_time_total for e in ev) / n if ev else None
+
+
+def run(out_json: str, work: str | None = None) -> dict:
+    import iree.runtime as rt
+    import numpy as np
+    import torch
+
     from dflash_iree.kernels.gdn.reference import gdn_step
 
+    WORK_ = Path(work) if work else WORK
     device = rt.get_device("cuda")
-    meta = json.loads((WORK / "cases.json").read_text())
+    meta = json.loads((WORK_ / "cases.json").read_text())
     bw = common.copy_bandwidth()
     result = {"device": torch.cuda.get_device_name(0), "arch": meta["arch"], "copy_bandwidth": bw, "cases": []}
-    mods = {T: _Module(rt, device, WORK / f"gdn_t{T}.vmfb") for T in meta["rows"]}
+    mods = {T: _Module(rt, device, WORK_ / f"gdn_t{T}.vmfb") for T in meta["rows"]}
     f32 = lambda v: np.asarray(v).astype(np.float32)  # noqa: E731
     for T in meta["rows"]:
         m = mods[T]
@@ -122,23 +173,23 @@ def run(out_json: str) -> dict:
                                                                  written.view(np.uint32)))
         # speed: inputs on the device, the same call repeated (it rewrites the same slots)
         args = [rt.asdevicearray(device, v) for v in (mixed, b, a, A_log, dt_bias, rows)]
-        call = lambda: m.fn["gdn"](*args, LAYER)  # noqa: E731
-        for _ in range(5):
-            call()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(50):
-                call()
-            torch.cuda.synchronize()
-        ev = [e for e in prof.key_averages() if e.device_time_total > 0 and "dflash_gdn" in e.key]
-        us = [e.device_time_total / max(e.count, 1) for e in ev]
-        kernel_us = statistics.mean(us) if us else None
+        kernel_us = _device_us(lambda: m.fn["gdn"](*args, LAYER), "dflash_gdn")
         state = HV * DK * DV * 4
         nbytes = state * (1 + T) + T * (2 * HK * DK + HV * DV) * 2 + 2 * T * HV * 2 + T * HV * DV * 2
         row.update({"kernel_us": round(kernel_us, 2) if kernel_us else None, "bytes": nbytes,
                     "tb_per_s": round(nbytes / (kernel_us * 1e-6) / 1e12, 3) if kernel_us else None})
         if kernel_us:
             row["fraction_of_copy_bandwidth"] = round(row["tb_per_s"] / bw["tb_per_s"], 3)
+        if meta.get("iree"):
+            inst = rt.VmInstance()
+            vm = rt.VmModule.mmap(inst, str(WORK_ / f"iree_t{T}.vmfb"))
+            ctx = rt.VmContext(inst, modules=[rt.create_hal_module(inst, device), vm])
+            fn = rt.FunctionInvoker(ctx, device, vm.lookup_function("main"))
+            st0 = rt.asdevicearray(device, np.ascontiguousarray(slots0[0, FROM, LAYER][None]))
+            iree_us = _device_us(lambda: fn(*args[:5], st0))
+            row.update({"iree_us": round(iree_us, 2) if iree_us else None,
+                        "iree_fraction_of_copy_bandwidth": round(nbytes / (iree_us * 1e-6) / 1e12 / bw["tb_per_s"], 3)
+                        if iree_us else None})
         row["ok"] = row["o_bits_equal"] and row["states_bits_equal"] and row["untouched_equal"] and row.get(
             "rows_equal_t1_chain", True)
         result["cases"].append(row)
@@ -151,17 +202,28 @@ def run(out_json: str) -> dict:
 def report(path: str) -> None:
     r = json.loads(open(path).read())
     print(f"{r['device']} ({r['arch']}), copy {r['copy_bandwidth']['tb_per_s']} TB/s")
-    print("| T | o bits | state bits | untouched | T=1 chain | kernel µs | MB moved | TB/s | of copy bw |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| T | o bits | state bits | untouched | T=1 chain | kernel µs | MB moved | TB/s | of copy bw "
+          "| IREE's lowering µs | of copy bw |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for c in r["cases"]:
         print(f"| {c['T']} | {c['o_bits_equal']} | {c['states_bits_equal']} | {c['untouched_equal']} | "
               f"{c.get('rows_equal_t1_chain', '-')} | {c['kernel_us']} | {c['bytes'] / 1e6:.1f} | {c['tb_per_s']} | "
-              f"{c.get('fraction_of_copy_bandwidth')} |")
+              f"{c.get('fraction_of_copy_bandwidth')} | {c.get('iree_us', '-')} | "
+              f"{c.get('iree_fraction_of_copy_bandwidth', '-')} |")
     print("ok" if r["ok"] else "FAILED")
 
 
 if __name__ == "__main__":
-    sys.exit(main(__doc__, {"prepare": (lambda a: prepare(a.arch), lambda p: p.add_argument("--arch", default="sm_80")),
-                            "run": (lambda a: 0 if run(a.json)["ok"] else 1,
-                                    lambda p: p.add_argument("--json", default=str(WORK / "gdn_check.json"))),
+    def _prepare_args(p):
+        p.add_argument("--arch", default="sm_80")
+        p.add_argument("--out", help="folder of the modules (default .gpu/gdn)")
+        p.add_argument("--objects", help="a folder of kernel objects to build on (default the committed ones)")
+        p.add_argument("--iree", action="store_true", help="also IREE's lowering of the eager rule, to time beside")
+
+    def _run_args(p):
+        p.add_argument("--json", default=str(WORK / "gdn_check.json"))
+        p.add_argument("--dir", help="folder of the modules (default .gpu/gdn)")
+
+    sys.exit(main(__doc__, {"prepare": (lambda a: prepare(a.arch, a.out, a.objects, a.iree), _prepare_args),
+                            "run": (lambda a: 0 if run(a.json, a.dir)["ok"] else 1, _run_args),
                             "report": (lambda a: report(a.json), lambda p: p.add_argument("--json", required=True))}))
