@@ -286,7 +286,7 @@ class Qwen35(nn.Module):
                 x, states, windows = layer.mix(x, gdn0[:, n_gdn], conv0[:, n_gdn], per_token,
                                                partial(rule, n_gdn, layer.linear_attn) if rule_op else None)
                 kept_gdn.append(states if keep_rows else states[-1:])
-                kept_conv.append(windows if keep_rows else windows[-1:])
+                kept_conv.append(windows if keep_rows else windows[:, -1:])
                 n_gdn += 1
             if i in self.tap_layer_ids:
                 taps[i] = x

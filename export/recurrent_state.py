@@ -94,17 +94,17 @@ class RecurrentState(nn.Module):
         return flat.index_copy(0, self._flat_rows(start, g.shape[1], stream), g.reshape(n, *g.shape[2:])).view(
             self.gdn_slots.shape)
 
-    def write(self, start: torch.Tensor, gdn: list[list[torch.Tensor]] | None, conv: list[list[torch.Tensor]],
+    def write(self, start: torch.Tensor, gdn: list[list[torch.Tensor]] | None, conv: list[torch.Tensor],
               stream=None) -> None:
-        """Keep a call's states, in place: gdn[l][t] [S', Hv, dk, dv] and conv[l][t] [S', K - 1, conv_dim],
+        """Keep a call's states, in place: gdn[l][t] [S', Hv, dk, dv] and conv[l] [S', T, K - 1, conv_dim],
         per GDN layer l the state after each row t (T of them, T <= slots) or after the last row only
-        (S' and `stream` as in `read`). gdn None: the conv windows only (the export's kernel form
+        (T = 1; S' and `stream` as in `read`). gdn None: the conv windows only (the export's kernel form
         stores the gdn slots itself, export/qwen35.py `Qwen35.step`)."""
         S, B = self.gdn_slots.shape[:2]
-        n_rows = len(conv[0]) if conv else 0
+        n_rows = conv[0].shape[1] if conv else 0
         if not n_rows:
             return
-        c = torch.stack([torch.stack(per_row, 1) for per_row in conv], 2)
+        c = torch.stack(conv, 2)  # S', T, n, K - 1, conv_dim
         rows = self._flat_rows(start, n_rows, stream)
         n = c.shape[0] * n_rows
         if gdn is not None:
