@@ -167,18 +167,27 @@ def _iree_steps(folder: Path, indexes: dict, device, rows: int, profile: bool = 
     out["decode"] = summary(times(decode, STEPS))
 
     # Two token checks that decode again from `start` after the timed steps moved past it: a KV cache
-    # rolls back by length, a hybrid target's recurrent state only within its last call's rows
-    # (export/recurrent_state.py), so they are left out for one (gpu_check.py --pair qwen35 checks it).
-    if "recurrent" not in m.state:
-        tok, ref = first, []
-        for i in range(16):
-            tok = pair.decode(tok, start + i)
-            ref.append(tok)
-        out["decode_ahead_same_tokens"] = list(pair.decode_ahead(first, start, 16)) == ref
-        # verify over decode's own tokens must pick them again, except at a bf16 near-tie: a check of the
-        # verify graph's custom dispatches (GEMMs and their epilogues, block attention) against decode's
-        picked, _ = pair.verify([first] + ref[:B - 1], start)
-        out["verify_agrees_with_decode"] = f"{sum(a == b for a, b in zip(picked, ref[:B]))}/{B}"
+    # rolls back by length; a hybrid target's recurrent state only within its last call's rows
+    # (export/recurrent_state.py), so for one the prompt is prefilled again before each check.
+    hybrid = "recurrent" in m.state
+
+    def rewind():
+        if hybrid:
+            pair.prefill(prompt)
+
+    rewind()
+    tok, ref = first, []
+    for i in range(16):
+        tok = pair.decode(tok, start + i)
+        ref.append(tok)
+    rewind()
+    out["decode_ahead_same_tokens"] = list(pair.decode_ahead(first, start, 16)) == ref
+    # verify over decode's own tokens must pick them again, except at a bf16 near-tie: a check of the
+    # verify graph's custom dispatches (GEMMs and their epilogues, block attention) against decode's
+    rewind()
+    picked, _ = pair.verify([first] + ref[:B - 1], start)
+    out["verify_agrees_with_decode"] = f"{sum(a == b for a, b in zip(picked, ref[:B]))}/{B}"
+    rewind()
 
     def ahead():  # the runtime's plain decoding: STEPS tokens from the same position each time
         for _ in pair.decode_ahead(first, start, STEPS):
@@ -225,6 +234,9 @@ def _iree_steps(folder: Path, indexes: dict, device, rows: int, profile: bool = 
                 pass
 
         out["host_timeline"]["decode_ahead_16"] = host_timeline(ahead16, n=4)
+        if prefill_len:  # last: it leaves the long prompt's context behind
+            out["profile"]["prefill"] = cuda_profile(lambda: pair.prefill(long_prompt), out["prefill"]["median_ms"], 1,
+                                                     profile_top)
     out["decode_cache_rows"] = rows
     del pair
     return out
