@@ -40,7 +40,7 @@ def test_refusals(args, match):
 
 def test_mlir():
     d = gdn_dispatch(1, 8, 16, 48, 128, 128, SLOTS, "bf16", "sm_80", name="g")
-    assert d.grid == (4, 48, 1) and d.conv_dim == 10240
+    assert d.grid == (16, 48, 1) and d.conv_dim == 10240
     # the slots are a tied operand: written in place, returned as the function's second result
     assert "@g_exe::@dflash_gdn[%gx, %gy, %gz]" in d.mlir
     assert "-> (%slots, tensor<1x8x48x128xbf16>)" in d.mlir

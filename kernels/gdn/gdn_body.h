@@ -21,37 +21,42 @@
  *   o       dt  [S, T, Hv, dv]
  *   dt: f32 (dtype 0) or bf16 (dtype 1).
  *
- * Decomposition: workgroup (c, h, s) owns the 32 state columns [32 c, 32 c + 32) of head h; its 128
- * threads are 4 warps of 8 columns, lane (gi, c8) of a warp (lane 8 gi + c8) keeping rows
- * [gi R, gi R + R) of its column in registers (R = dk / 4 <= 32). The state is read once, updated T
- * times in registers and written after every row (32-byte segments, the 4 warps of a workgroup
- * covering 128-byte lines). All T rows' q, k and v are staged in shared memory first, and q and k
- * normalised (2T threads, one row each); the gates by T threads. kv and o are per-lane sums over the
- * lane's R rows, then the 4 row groups' partials of a column gathered across the warp (KG_SHFL), so
- * the row loop has no barrier: the warps run their T rows independently.
+ * Decomposition: workgroup (c, h, s) owns the 8 state columns [8 c, 8 c + 8) of head h; its 128
+ * threads are 4 warps, warp w holding the rows [w Q, w Q + Q) of those columns (Q = dk / 4), lane
+ * (gi, c8) of a warp (lane 8 gi + c8) the rows [w Q + gi R, w Q + gi R + R) of column 8 c + c8 in
+ * registers (R = ceil(Q / 4) <= 8; the last groups' ranges stop at Q: an empty one adds +0). So a
+ * 27B layer's state runs on 3,072 warps (23 an SM of an H100): the rule is a chain of dependent sums
+ * a row, and more warps hide its latency. The state is read once, updated T times in registers and
+ * written after every row (32-byte segments). All T rows' q, k and v are staged in shared memory
+ * first, and q and k normalised (2T threads, one row each); the gates by T threads. kv and o are
+ * per-lane sums over the lane's rows; a warp adds its 4 groups' partials of a column gathered across
+ * the warp (KG_SHFL), and the 4 warps' sums are added through shared memory (two barriers a row).
  *
  * Numerics contract: a row's o and the state after it depend only on the state before it and the
  * row's inputs, whatever T is and wherever the row sits (decode and verify give bit-identical states
  * and outputs: the project's row invariance). Every sum has a fixed order: the squares of a q or k
- * row over i = 0, 1, ...; kv and o as four partials over i in increasing order within each row group
- * (starting from +0), added ((p0 + p1) + p2) + p3. No multiply-add is contracted (built with
- * -ffp-contract=off), each product rounds as eager's do. exp and log are the float32 polynomials
- * below (no libm, no hardware approximation), 1/sqrt and divisions IEEE-rounded. reference.py
- * repeats exactly these operations in NumPy float32, so the kernel's bits are reference.py's bits;
- * against torch's eager rule the differences are float32 rounding only (the order of the sums, exp,
- * log1p and sigmoid to within a few ulps).
+ * row over i = 0, 1, ...; kv and o as 16 group partials, each over its rows in increasing i
+ * (starting from +0), a warp's four added ((p0 + p1) + p2) + p3 and the four warps' sums
+ * ((w0 + w1) + w2) + w3. No multiply-add is contracted (built with -ffp-contract=off), each product
+ * rounds as eager's do. exp and log are the float32 polynomials below (no libm, no hardware
+ * approximation), 1/sqrt and divisions IEEE-rounded. reference.py repeats exactly these operations in
+ * NumPy float32, so the kernel's bits are reference.py's bits; against torch's eager rule the
+ * differences are float32 rounding only (the order of the sums, exp, log1p and sigmoid to within a
+ * few ulps).
  *
- * Limits: dk a multiple of 4 up to 128 (GD_DMAX), any dv (column blocks of 32), 1 <= T <= GD_TMAX
- * (16), Hv a multiple of Hk. Shared memory: 2 * 16 * 128 * 4 + 1,280 = 17,664 bytes.
+ * Limits: dk a multiple of 4 up to 128 (GD_DMAX), any dv (column blocks of 8), 1 <= T <= GD_TMAX
+ * (16), Hv a multiple of Hk. Shared memory: 2 * 16 * 128 * 4 + 16 * 8 * 4 + 2 * 4 * 8 * 4 + 256 =
+ * 17,408 bytes.
  */
 #ifndef DFLASH_GDN_BODY_H
 #define DFLASH_GDN_BODY_H
 
-#define GD_T 128      /* threads per workgroup */
-#define GD_COLS 32    /* state columns per workgroup */
-#define GD_GROUPS 4   /* row groups (GD_T / GD_COLS) */
+#define GD_T 128      /* threads per workgroup: 4 warps */
+#define GD_COLS 8     /* state columns per workgroup */
+#define GD_WARPS 4    /* row quarters, one a warp */
+#define GD_GROUPS 4   /* row groups of a warp (lanes 8 gi + c8) */
 #define GD_DMAX 128   /* largest dk */
-#define GD_RMAX (GD_DMAX / GD_GROUPS)
+#define GD_RMAX (GD_DMAX / (GD_WARPS * GD_GROUPS))
 #define GD_TMAX 16    /* largest T */
 
 typedef union { float f; unsigned u; int i; } gd_bits;
@@ -143,14 +148,16 @@ KG_FN void gd_workgroup(const void* __restrict__ mixed, const void* __restrict__
   KG_SHARED float sv[GD_TMAX][GD_COLS];
   KG_SHARED float inv[2 * GD_TMAX];
   KG_SHARED float sdecay[GD_TMAX], sbeta[GD_TMAX];
+  KG_SHARED float pkv[GD_WARPS][GD_COLS], po[GD_WARPS][GD_COLS];
 
   const int conv_dim = 2 * Hk * dk + Hv * dv;
   const int hk = h / (Hv / Hk);
-  const int lane = tid % 32, gi = lane / 8, c8 = lane % 8;
-  const int c = (tid / 32) * 8 + c8;
-  const int j = wc * GD_COLS + c;
+  const int w = tid / 32, lane = tid % 32, gi = lane / GD_COLS, c8 = lane % GD_COLS;
+  const int j = wc * GD_COLS + c8;
   const bool col = j < dv;
-  const int R = dk / GD_GROUPS;
+  const int Q = dk / GD_WARPS, R = (Q + GD_GROUPS - 1) / GD_GROUPS;
+  const int i0 = w * Q + gi * R;
+  const int n = gi * R >= Q ? 0 : (Q - gi * R < R ? Q - gi * R : R); /* this lane's rows */
   const long head = (long)dk * dv;
 
   /* stage q and k of every row, raw, and v of this workgroup's columns */
@@ -175,14 +182,14 @@ KG_FN void gd_workgroup(const void* __restrict__ mixed, const void* __restrict__
   /* the state before row 0 */
   float st[GD_RMAX];
   const int from = rows[2 * s], base = rows[2 * s + 1];
-  const long col0 = (long)(gi * R) * dv + j;
+  const long col0 = (long)i0 * dv + j;
 #pragma unroll
   for (int r = 0; r < GD_RMAX; ++r) st[r] = 0.0f;
   if (from >= 0 && col) {
     const float* src = slots + ((long)from * n_gdn + layer) * Hv * head + (long)h * head + col0;
 #pragma unroll
     for (int r = 0; r < GD_RMAX; ++r) {
-      if (r < R) st[r] = *src;
+      if (r < n) st[r] = *src;
       src += dv;
     }
   }
@@ -203,23 +210,25 @@ KG_FN void gd_workgroup(const void* __restrict__ mixed, const void* __restrict__
   }
   KG_BARRIER();
 
-  const int i0 = gi * R;
   for (int t = 0; t < T; ++t) {
     const float decay = sdecay[t];
     float p = 0.0f;
 #pragma unroll
     for (int r = 0; r < GD_RMAX; ++r) {
-      if (r < R) {
+      if (r < n) {
         st[r] = st[r] * decay;
         p = p + st[r] * sk[t][i0 + r];
       }
     }
-    const float kv = ((KG_SHFL(p, c8) + KG_SHFL(p, 8 + c8)) + KG_SHFL(p, 16 + c8)) + KG_SHFL(p, 24 + c8);
-    const float delta = (sv[t][c] - kv) * sbeta[t];
+    p = ((KG_SHFL(p, c8) + KG_SHFL(p, 8 + c8)) + KG_SHFL(p, 16 + c8)) + KG_SHFL(p, 24 + c8);
+    if (gi == 0) pkv[w][c8] = p;
+    KG_BARRIER();  /* (every lane read the last row's pkv before the last barrier, warp 0 its po before this one) */
+    const float kv = ((pkv[0][c8] + pkv[1][c8]) + pkv[2][c8]) + pkv[3][c8];
+    const float delta = (sv[t][c8] - kv) * sbeta[t];
     float o = 0.0f;
 #pragma unroll
     for (int r = 0; r < GD_RMAX; ++r) {
-      if (r < R) {
+      if (r < n) {
         st[r] = st[r] + sk[t][i0 + r] * delta;
         o = o + st[r] * sq[t][i0 + r];
       }
@@ -228,12 +237,15 @@ KG_FN void gd_workgroup(const void* __restrict__ mixed, const void* __restrict__
       float* d = slots + ((long)(base + t) * n_gdn + layer) * Hv * head + (long)h * head + col0;
 #pragma unroll
       for (int r = 0; r < GD_RMAX; ++r) {
-        if (r < R) *d = st[r];
+        if (r < n) *d = st[r];
         d += dv;
       }
     }
-    const float y = ((KG_SHFL(o, c8) + KG_SHFL(o, 8 + c8)) + KG_SHFL(o, 16 + c8)) + KG_SHFL(o, 24 + c8);
-    if (gi == 0 && col) {
+    o = ((KG_SHFL(o, c8) + KG_SHFL(o, 8 + c8)) + KG_SHFL(o, 16 + c8)) + KG_SHFL(o, 24 + c8);
+    if (gi == 0) po[w][c8] = o;
+    KG_BARRIER();
+    if (w == 0 && gi == 0 && col) {
+      const float y = ((po[0][c8] + po[1][c8]) + po[2][c8]) + po[3][c8];
       const long at = ((long)(s * T + t) * Hv + h) * dv + j;
       if (dtype == 1) ((unsigned short*)out)[at] = kg_bf16(y);
       else ((float*)out)[at] = y;

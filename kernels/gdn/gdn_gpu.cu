@@ -5,7 +5,7 @@
  *   dflash_gdn(mixed dt[S*T*conv_dim], b dt[S*T*Hv], a dt[S*T*Hv], A_log dt[Hv], dt_bias dt[Hv],
  *              rows i32[S*2], slots f32[R*n_gdn*Hv*dk*dv] (read and written in place), o dt[S*T*Hv*dv],
  *              T, Hk, Hv, dk, dv, layer, n_gdn, dtype, bits of eps, bits of scale)
- *       grid (ceil(dv / 32), Hv, S); 128 threads; dtype 0 f32, 1 bf16.
+ *       grid (ceil(dv / 8), Hv, S); 128 threads; dtype 0 f32, 1 bf16.
  */
 #include "../gpu.h"
 #include "gdn_body.h"

@@ -1,8 +1,8 @@
 """NumPy reference of the Gated DeltaNet step (kernels/gdn/): float32 in the kernel's order, so its bits are the kernel's.
 
 Needs NumPy only. Every operation of gdn_body.h is repeated here on float32 arrays, in the same
-order (the squares of a q or k row summed in increasing i; kv and o as four row-group partials
-added ((p0 + p1) + p2) + p3; exp and log the body's polynomials; 1/sqrt and divisions IEEE), so
+order (the squares of a q or k row summed in increasing i; kv and o as 16 row-group partials, a
+warp's four added ((p0 + p1) + p2) + p3 and the four warps' sums ((w0 + w1) + w2) + w3; exp and log the body's polynomials; 1/sqrt and divisions IEEE), so
 bench/gdn_check.py expects the kernel's o and states bit for bit. tests/test_gdn.py checks this
 reference against the eager rule of export/gdn.py (float32 rounding apart).
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 F = np.float32
-GROUPS = 4  # gdn_body.h GD_GROUPS
+WARPS, GROUPS = 4, 4  # gdn_body.h GD_WARPS, GD_GROUPS
 
 
 def _pow2(e: np.ndarray) -> np.ndarray:
@@ -117,18 +117,21 @@ def gdn_step(mixed, b, a, A_log, dt_bias, slots, rows, layer: int, Hk: int, dk: 
     for s in range(S):
         if rows[s][0] >= 0:
             st[s] = flat[rows[s][0], layer]
-    R = dk // GROUPS
+    Q = dk // WARPS
+    R = -(-Q // GROUPS)  # a lane's rows; the last groups' ranges stop at Q (an empty one is +0)
     o = np.zeros((S, T, Hv, dv), F)
 
-    def grouped(x):  # sum_i st[i, j] x[i] as the kernel's four partials
-        parts = []
-        for gi in range(GROUPS):
-            p = np.zeros((S, Hv, dv), F)
-            for r in range(R):
-                i = gi * R + r
-                p = p + st[:, :, i, :] * x[:, :, i, None]
-            parts.append(p)
-        return ((parts[0] + parts[1]) + parts[2]) + parts[3]
+    def grouped(x):  # sum_i st[i, j] x[i] as the kernel's 16 partials, a warp's four, then the warps'
+        warps = []
+        for w in range(WARPS):
+            parts = []
+            for gi in range(GROUPS):
+                p = np.zeros((S, Hv, dv), F)
+                for i in range(w * Q + gi * R, w * Q + min(gi * R + R, Q)):
+                    p = p + st[:, :, i, :] * x[:, :, i, None]
+                parts.append(p)
+            warps.append(((parts[0] + parts[1]) + parts[2]) + parts[3])
+        return ((warps[0] + warps[1]) + warps[2]) + warps[3]
 
     for t in range(T):
         st = st * decay[:, t, :, None, None]
