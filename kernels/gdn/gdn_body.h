@@ -58,6 +58,9 @@
 #define GD_DMAX 128   /* largest dk */
 #define GD_RMAX (GD_DMAX / (GD_WARPS * GD_GROUPS))
 #define GD_TMAX 16    /* largest T */
+#ifndef GD_EVERY_ROW
+#define GD_EVERY_ROW 1 /* 0: the last row's state only (a measurement of what the rollback's writes cost) */
+#endif
 
 typedef union { float f; unsigned u; int i; } gd_bits;
 
@@ -233,7 +236,7 @@ KG_FN void gd_workgroup(const void* __restrict__ mixed, const void* __restrict__
         o = o + st[r] * sq[t][i0 + r];
       }
     }
-    if (col) {
+    if (col && (GD_EVERY_ROW || t == T - 1)) {
       float* d = slots + ((long)(base + t) * n_gdn + layer) * Hv * head + (long)h * head + col0;
 #pragma unroll
       for (int r = 0; r < GD_RMAX; ++r) {
