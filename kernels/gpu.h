@@ -13,17 +13,29 @@
  *   KG_LAUNCH(T)       entry-point attribute: at most T threads per workgroup
  *   KG_FN, KG_SHARED   device-function and workgroup-shared-storage qualifiers
  *   kg_bf16(f)         f32 -> bf16 bits, rounded to nearest even (NaN stays a quiet NaN)
+ *
+ * Built for the host with KG_HOST_SIMT defined (kernels/simt_host.h, tests only), a workgroup's
+ * threads are host threads: shared storage is static, the barrier and the warp read go through it.
  */
 #ifndef DFLASH_KERNELS_GPU_H
 #define DFLASH_KERNELS_GPU_H
 
+#if defined(KG_HOST_SIMT)
+#define KG_SHARED static
+#define KG_FN static inline
+#define KG_TID() kg_host_tid()
+#define KG_BARRIER() kg_host_barrier()
+#define KG_SHFL(v, lane) kg_host_shfl((v), (lane))
+#else
 #define __global__ __attribute__((global))
 #define __device__ __attribute__((device))
 #define __shared__ __attribute__((shared))
 #define KG_SHARED __shared__
 #define KG_FN static __device__ inline __attribute__((always_inline))
+#endif
 
-#if defined(__NVPTX__)
+#if defined(KG_HOST_SIMT)
+#elif defined(__NVPTX__)
 #define KG_TID() ((int)__nvvm_read_ptx_sreg_tid_x())
 #define KG_WG_X() ((int)__nvvm_read_ptx_sreg_ctaid_x())
 #define KG_WG_Y() ((int)__nvvm_read_ptx_sreg_ctaid_y())

@@ -1,8 +1,13 @@
 """The Gated DeltaNet step dispatch (kernels/gdn/): objects, MLIR, refusals, GPU compiles, and its
-NumPy reference against the eager rule of export/gdn.py. The kernel runs only on a GPU: its bits
-against the reference, row invariance and speed are bench/gdn_check.py."""
+NumPy reference against the eager rule of export/gdn.py. The kernel's body also runs on the host,
+its workgroups' threads as host threads (kernels/gdn/gdn_host.cc, kernels/simt_host.h), bit for bit
+against the reference; on a GPU, its bits, row invariance and speed are bench/gdn_check.py."""
 
 from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -121,3 +126,79 @@ def test_a_wrong_slot_is_caught():
     shifted = rows.copy()
     shifted[:, 1] += 1
     assert not _slots_hold(states, rs, slots, shifted)
+
+
+GDN_DIR = Path(__file__).resolve().parents[1] / "kernels" / "gdn"
+
+
+def _build_host_body(out: Path, *defines: str) -> Path:
+    """kernels/gdn/gdn_host.cc built with the host's C++20 compiler (skips the test without one)."""
+    cxx = next((c for c in ("c++", "g++", "clang++", "clang++-19") if shutil.which(c)), None)
+    if cxx is None:
+        pytest.skip("no C++ compiler to build the host body (kernels/gdn/gdn_host.cc)")
+    exe = out / "gdn_host"
+    r = subprocess.run([cxx, "-std=c++20", "-O1", "-ffp-contract=off", "-pthread", *defines, "gdn_host.cc", "-o",
+                        str(exe)], cwd=GDN_DIR, capture_output=True, text=True)
+    if r.returncode and "c++20" in r.stderr.lower():
+        pytest.skip(f"{cxx} has no C++20 (std::barrier): {r.stderr.splitlines()[0]}")
+    assert r.returncode == 0, r.stderr
+    return exe
+
+
+def _run_host_body(exe: Path, work: Path, S, T, Hk, Hv, dk, dv, dtype, seed=0, n=2, layer=1, fresh_stream=None):
+    """The host body's (o, slots) and reference.py's on seeded inputs, B = max(T, 8) slots a stream:
+    stream s reads flat row s * B + 3 (or zeros for `fresh_stream`) and writes from s * B."""
+    import ml_dtypes
+
+    from dflash_iree.kernels.gdn.reference import gdn_step
+    from dflash_iree.kernels.hal import f32_bits
+
+    B = max(T, 8)  # the dispatch refuses more rows than slots (gdn_dispatch)
+    rng = np.random.default_rng(seed)
+    rnd = lambda *shape: rng.standard_normal(shape).astype(np.float32)  # noqa: E731
+    as_dt = (lambda x: x.astype(ml_dtypes.bfloat16).astype(np.float32)) if dtype == "bf16" else (lambda x: x)
+    x = rnd(S, T, 2 * Hk * dk + Hv * dv)
+    mixed = as_dt(x / (1 + np.exp(-x)))
+    b, a = as_dt(rnd(S, T, Hv)), as_dt(rnd(S, T, Hv) * 2)
+    A_log, dt_bias = as_dt(rng.uniform(-1, 1, Hv).astype(np.float32)), as_dt(rnd(Hv))
+    slots = rnd(S, B, n, Hv, dk, dv) * np.float32(0.1)
+    rows = np.array([[-1 if s == fresh_stream else s * B + 3, s * B] for s in range(S)], np.int32)
+    work.mkdir(parents=True, exist_ok=True)
+    np.array([S, T, Hk, Hv, dk, dv, layer, n, {"f32": 0, "bf16": 1}[dtype], f32_bits(dk ** -0.5, signed=True)],
+             np.int32).tofile(work / "args.i32")
+    for name, v in (("mixed", mixed), ("b", b), ("a", a), ("alog", A_log), ("dtb", dt_bias), ("slots", slots)):
+        np.ascontiguousarray(v, np.float32).tofile(work / f"{name}.f32")
+    rows.tofile(work / "rows.i32")
+    subprocess.run([str(exe), str(work)], check=True, timeout=60)
+    o = np.fromfile(work / "o.f32", np.float32).reshape(S, T, Hv, dv)
+    got = np.fromfile(work / "slots_out.f32", np.float32).reshape(slots.shape)
+    want_o, want_s = gdn_step(mixed, b, a, A_log, dt_bias, slots, rows, layer, Hk, dk, dtype)
+    return o, got, want_o, want_s
+
+
+@pytest.fixture(scope="module")
+def host_body(tmp_path_factory):
+    return _build_host_body(tmp_path_factory.mktemp("gdn-host"))
+
+
+# 2 streams (one fresh), a partial column block (dv 20: 8 + 8 + 4), bf16 at the 27B head dims; f32 with
+# dk 8 (each warp's quarter 2 rows: two lanes' groups empty) and 16 rows
+HOST_CASES = [(2, 5, 2, 4, 128, 20, "bf16"), (1, 16, 1, 2, 8, 8, "f32"), (1, 1, 2, 4, 128, 128, "bf16")]
+
+
+@pytest.mark.parametrize("case", HOST_CASES, ids=lambda c: "x".join(map(str, c)))
+def test_host_body_equals_the_reference_bit_for_bit(host_body, tmp_path, case):
+    """gdn_body.h itself, on the host: o and every slot (written rows and untouched ones) equal to
+    reference.py's bits, the check bench/gdn_check.py makes on a GPU."""
+    o, got, want_o, want_s = _run_host_body(host_body, tmp_path, *case, fresh_stream=1 if case[0] > 1 else None)
+    assert np.array_equal(o.view(np.uint32), want_o.view(np.uint32))
+    assert np.array_equal(got.view(np.uint32), want_s.view(np.uint32))
+
+
+def test_host_body_check_catches_a_body_that_keeps_the_last_state_only(tmp_path):
+    """Planted control: the body built with GD_EVERY_ROW=0 (the last row's state only, the variant that
+    times the rollback's writes) keeps o's bits but fails the slots' check."""
+    exe = _build_host_body(tmp_path, "-DGD_EVERY_ROW=0")
+    o, got, want_o, want_s = _run_host_body(exe, tmp_path / "run", 1, 4, 2, 4, 128, 20, "bf16")
+    assert np.array_equal(o.view(np.uint32), want_o.view(np.uint32))
+    assert not np.array_equal(got.view(np.uint32), want_s.view(np.uint32))
