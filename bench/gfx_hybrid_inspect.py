@@ -14,8 +14,10 @@ The GDN step also has a serial part: the rows of a call run one after another, e
 2 R dependent float32 adds (R = 8 rows a lane), 8 cross-lane reads and 2 barriers (gdn_body.h).
 `chain_us` is that chain at an assumed 8 cycles an add, 40 a cross-lane read and 100 a barrier at
 the arch's clock (CLOCK_GHZ, an assumption): the
-estimate is the larger of the memory time and the chain, as a fraction of the memory time. On the
-H100 (sm_80 PTX), the same body measures in experiments/2026-12-06-gdn-warp/.
+estimate is the larger of the memory time and the chain, as a fraction of the memory time: an upper
+bound, not a prediction. The first form of the GDN step, which this model rated at the memory's own
+fraction, measured 0.27-0.32 of copy on an H100 (experiments/2026-12-06-gdn-warp/): its latency was
+more than this chain.
 """
 
 from __future__ import annotations
@@ -41,8 +43,13 @@ def _meta(stem: str, arch: str, entry: str) -> dict:
 
 
 def _row(name, entry, meta, threads, wgs, inflight, nbytes, hw, extra_us=0.0) -> dict:
+    """One dispatch's figures: META its code object's metadata, THREADS a workgroup, WGS launched,
+    INFLIGHT bytes in flight if every workgroup were resident (capped here at the workgroups the CUs
+    hold at once), NBYTES bytes it moves, EXTRA_US a serial part (µs) the memory time cannot hide."""
     need = hw["gb_s"] * hw["latency_ns"]
     waves_cap = _waves(meta, threads) * SIMDS
+    resident = min(wgs, max(1, waves_cap * 32 // threads) * hw["cus"])
+    inflight = inflight * resident // wgs
     mem_us = nbytes / (hw["gb_s"] * 1e3)  # GB/s x 1e3 = bytes a µs
     ratio = inflight / need
     est_us = max(mem_us / min(ratio, 1.0), extra_us)
@@ -57,6 +64,9 @@ def _row(name, entry, meta, threads, wgs, inflight, nbytes, hw, extra_us=0.0) ->
 
 
 def inspect(arch: str) -> dict:
+    """ARCH's figures for every shape and dispatch (the table's rows), from the committed objects."""
+    from dflash_iree.kernels.gdn import COLUMNS, THREADS
+
     hw = HW[arch]
     gdn = _meta("gdn", arch, "dflash_gdn")
     att = _meta("attention_gated_d256", arch, "dflash_attention_gated_d256")
@@ -65,14 +75,14 @@ def inspect(arch: str) -> dict:
     for shape, Hk, Hv, dk, dv, Hq, Hkv, D, rot in SHAPES:
         out_rows = []
         state = Hv * dk * dv * 4
-        wgs = math.ceil(dv / 8) * Hv  # gdn_body.h: 8 columns a workgroup of 128 threads
+        wgs = math.ceil(dv / COLUMNS) * Hv
         rows = -(-dk // 16)  # a lane's state rows
         for T in (1, 16):
             # a lane keeps `rows` state values of one column: the state read, then each row's write
-            inflight = wgs * 128 * rows * 4
+            inflight = wgs * THREADS * rows * 4
             nbytes = state * (1 + T) + T * ((2 * Hk * dk + Hv * dv) * 2 + Hv * dv * 2)
             chain = T * (2 * rows * 8 + 8 * 40 + 2 * 100) / (CLOCK_GHZ[arch] * 1e3)
-            rows_ = _row(f"GDN step, T = {T}", "dflash_gdn", gdn, 128, wgs, inflight, nbytes, hw, chain)
+            rows_ = _row(f"GDN step, T = {T}", "dflash_gdn", gdn, THREADS, wgs, inflight, nbytes, hw, chain)
             out_rows.append(rows_)
         for T in (1, 16):
             R = T * Hq // Hkv
@@ -101,7 +111,7 @@ def main() -> None:
             print(f"\n{r['arch']} ({r['hw']['gb_s']} GB/s, {r['hw']['latency_ns']} ns, {r['clock_ghz']} GHz assumed), "
                   f"{s['shape']}")
             print("| dispatch | workgroups | VGPRs | spills | scratch | LDS B | waves/SIMD max | in flight / needed "
-                  "| MB moved | memory µs | chain µs | est. of a copy's bandwidth |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
+                  "| MB moved | memory µs | chain µs | upper bound, of a copy's bandwidth |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
             for d in s["dispatches"]:
                 print(f"| {d['dispatch']} | {d['workgroups']} | {d['vgprs']} | {d['spills']} | {d['scratch']} | {d['lds']} "
                       f"| {d['waves_per_simd_max']} | {d['in_flight_over_needed']} | {d['bytes'] / 1e6:.2f} | "

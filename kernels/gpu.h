@@ -60,7 +60,10 @@
 #define KG_FENCE() __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, "agent")
 #define KG_EXP2(x) __builtin_amdgcn_exp2f(x)
 #define KG_LAUNCH(T) __attribute__((amdgpu_flat_work_group_size(1, T)))
-/* ds_bpermute addresses lanes in bytes; the gfx targets built here run wave32 */
+/* ds_bpermute addresses lanes in bytes; the bodies' warps are 32 lanes, so only wave32 builds */
+#if defined(__AMDGCN_WAVEFRONT_SIZE) && __AMDGCN_WAVEFRONT_SIZE != 32
+#error "gpu.h: KG_SHFL and the kernels' 32-lane warps need wave32"
+#endif
 #define KG_SHFL(v, lane) __builtin_bit_cast(float, __builtin_amdgcn_ds_bpermute((lane) << 2, __builtin_bit_cast(int, (v))))
 #else
 #error "gpu.h is for NVPTX or AMDGCN device code only"

@@ -28,7 +28,7 @@ static inline void kg_host_barrier() { kg_host_bar_->arrive_and_wait(); }
 static inline float kg_host_shfl(float v, int lane) {
   kg_host_lanes_[kg_host_tid_] = v;
   kg_host_bar_->arrive_and_wait();
-  const float r = kg_host_lanes_[(kg_host_tid_ & ~31) + lane];
+  const float r = kg_host_lanes_[(kg_host_tid_ & ~31) + (lane & 31)];  /* both GPU forms wrap the lane */
   kg_host_bar_->arrive_and_wait();
   return r;
 }

@@ -31,15 +31,30 @@ static std::vector<T> load(const std::string& path) {
 template <class T>
 static void save(const std::string& path, const std::vector<T>& v) {
   FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f) { std::perror(path.c_str()); std::exit(2); }
   std::fwrite(v.data(), sizeof(T), v.size(), f);
   std::fclose(f);
 }
 
 int main(int argc, char** argv) {
-  if (argc != 2) return 2;
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: gdn_host DIR (kernels/gdn/gdn_host.cc)\n");
+    return 2;
+  }
   const std::string dir = argv[1];
   const auto a = load<int>(dir + "/args.i32");
+  if (a.size() != 10) {
+    std::fprintf(stderr, "%s/args.i32: 10 int32 expected\n", dir.c_str());
+    return 2;
+  }
   const int S = a[0], T = a[1], Hk = a[2], Hv = a[3], dk = a[4], dv = a[5], layer = a[6], n_gdn = a[7], dtype = a[8];
+  /* the body's static limits (gdn_dispatch refuses the same shapes): past them it writes out of bounds */
+  if (T < 1 || T > GD_TMAX || dk < 4 || dk % 4 || dk > GD_DMAX || Hk < 1 || Hv % Hk || layer < 0 || layer >= n_gdn ||
+      (dtype != 0 && dtype != 1)) {
+    std::fprintf(stderr, "%s/args.i32: a shape the kernel does not take (T 1..%d, dk a multiple of 4 up to %d)\n",
+                 dir.c_str(), GD_TMAX, GD_DMAX);
+    return 2;
+  }
   /* the model-dtype inputs: f32 values, or for bf16 their u16 bits */
   auto input = [&](const char* name) {
     auto f = load<float>(dir + "/" + name + ".f32");

@@ -94,7 +94,12 @@ def gdn_step(mixed, b, a, A_log, dt_bias, slots, rows, layer: int, Hk: int, dk: 
         rows: int [S, 2]: per stream the flat slot row of the state before row 0 (-1: zeros) and
             the flat row of slot 0 (row t's state goes to it + t).
         layer: the GDN layer (index into n_gdn); Hk: key heads; dk: key head dim (a multiple of 4).
+
+    Raises:
+        ValueError: dk not a multiple of 4 (gdn_dispatch refuses it too).
     """
+    if dk % 4 or dk < 4:
+        raise ValueError(f"dk={dk} is not a multiple of 4 (the kernel's row quarters)")
     mixed = np.asarray(mixed, dtype=F)
     S, T, conv = mixed.shape
     Hv = np.shape(b)[2]
