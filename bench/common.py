@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +32,8 @@ def main(doc: str, commands: dict[str, tuple[Callable, Callable | None]], argv: 
         doc: the script's docstring (its first paragraph is the description, the rest the epilog).
         commands: name -> (run, options): options(parser) adds the subcommand's arguments (None:
             none), run(args) does it and returns an exit status (None: 0).
+
+    A DFlashError raised by a command (bad input) is one line on stderr and exit status 2.
     """
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0], epilog="\n\n".join(doc.split("\n\n")[1:]),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -41,7 +44,13 @@ def main(doc: str, commands: dict[str, tuple[Callable, Callable | None]], argv: 
             options(p)
         p.set_defaults(run=run)
     args = ap.parse_args(argv)
-    return args.run(args) or 0
+    from dflash_iree.errors import DFlashError
+
+    try:
+        return args.run(args) or 0
+    except DFlashError as e:  # bad input: one line, exit status 2 (the project's rule)
+        print(f"{Path(sys.argv[0]).name}: {e}", file=sys.stderr)
+        return 2
 
 
 def write_json(path: str | Path, result: dict) -> None:

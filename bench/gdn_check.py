@@ -28,12 +28,13 @@ modules on another folder of kernel objects (a variant of gdn_gpu.cu) into DIR2 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from pathlib import Path
 
 import common
-from common import main, write_json
+from common import ROOT, main, write_json
 
 WORK = common.WORK / "gdn"
 S, HV, HK, DK, DV, SLOTS, N_GDN, LAYER, FROM = 1, 48, 16, 128, 128, 16, 2, 1, 5
@@ -70,19 +71,26 @@ def prepare(arch: str, out: str | None = None, objects: str | None = None, iree:
     (default the committed ones); with IREE, also IREE's lowering of the eager rule per T."""
     import iree.compiler as ic
 
+    from dflash_iree.errors import DFlashError
     from dflash_iree.export.compile import compile_flags, resolve_arch
     from dflash_iree.kernels.gdn import gdn_dispatch, standalone_module
 
     work = Path(out) if out else WORK
-    work.mkdir(parents=True, exist_ok=True)
     flags = compile_flags(resolve_arch(arch)[0])
+    d = gdn_dispatch(S, 1, HK, HV, DK, DV, SLOT_SHAPE, "bf16", arch)
+    obj = Path(objects) / d.objects[0].name if objects else d.objects[0]
+    if not obj.is_file():
+        raise DFlashError(f"{obj} is missing: --objects must be a folder holding {d.objects[0].name}")
+    work.mkdir(parents=True, exist_ok=True)
     for T in ROWS:
         d = gdn_dispatch(S, T, HK, HV, DK, DV, SLOT_SHAPE, "bf16", arch)
         search = [f"--iree-hal-executable-object-search-path={Path(objects).resolve()}"] if objects else d.flags
         ic.compile_str(standalone_module(d), extra_args=flags + search, output_file=str(work / f"gdn_t{T}.vmfb"))
         if iree:
             ic.compile_str(_iree_rule_mlir(T), extra_args=flags, output_file=str(work / f"iree_t{T}.vmfb"))
-    (work / "cases.json").write_text(json.dumps({"arch": arch, "rows": ROWS, "iree": iree}) + "\n")
+    meta = {"arch": arch, "rows": ROWS, "iree": iree, "object": str(obj.relative_to(ROOT) if obj.is_relative_to(ROOT) else obj),
+            "object_sha256": hashlib.sha256(obj.read_bytes()).hexdigest()}
+    (work / "cases.json").write_text(json.dumps(meta) + "\n")
 
 
 def _inputs(T: int, seed: int = 0):
@@ -139,7 +147,8 @@ def run(out_json: str, work: str | None = None) -> dict:
     device = rt.get_device("cuda")
     meta = json.loads((WORK_ / "cases.json").read_text())
     bw = common.copy_bandwidth()
-    result = {"device": torch.cuda.get_device_name(0), "arch": meta["arch"], "copy_bandwidth": bw, "cases": []}
+    result = {"device": torch.cuda.get_device_name(0), "arch": meta["arch"], "object": meta.get("object"),
+              "object_sha256": meta.get("object_sha256"), "copy_bandwidth": bw, "cases": []}
     mods = {T: _Module(rt, device, WORK_ / f"gdn_t{T}.vmfb") for T in meta["rows"]}
     f32 = lambda v: np.asarray(v).astype(np.float32)  # noqa: E731
     for T in meta["rows"]:

@@ -21,6 +21,7 @@ runs it): still a wheel, its RECORD listing what is left, 2.3 MB. A module's PTX
 from __future__ import annotations
 
 import argparse
+import hashlib
 import shutil
 import subprocess
 import sys
@@ -40,6 +41,7 @@ KEEP = ("iree/_runtime_libs/iree-benchmark-module",)
 # What the dflash_iree wheel is built from (pyproject's packages and readme), copied apart so that
 # nothing left in an in-tree build/ folder can end up in it.
 WHEEL_SOURCES = ("pyproject.toml", "README.md", "dflash_iree", "export", "kernels", "runtime")
+SOURCE_SUMS = "sources.sha256"
 
 
 def _pip(*args: str) -> None:
@@ -65,7 +67,17 @@ def build_wheel(out: Path) -> Path:
                 shutil.copy2(ROOT / name, src / name)
         _pip("wheel", "--quiet", "--no-deps", *isolation, "-w", tmp, str(src))
         (built,) = Path(tmp).glob("dflash_iree-*.whl")
+        write_source_sums(out / SOURCE_SUMS)
         return Path(shutil.copy2(built, out / built.name))
+
+
+def write_source_sums(path: Path) -> None:
+    """`sha256sum` lines of the Python files the wheel is built from, relative to the repository root:
+    bench/on_device.sh checks them against the tree it runs in (`sha256sum --check`), so a wheel built
+    before an edit (a kernel's reference.py, say) cannot be what the device imports unnoticed."""
+    files = sorted(f for name in WHEEL_SOURCES if (ROOT / name).is_dir() for f in (ROOT / name).rglob("*.py")
+                   if "__pycache__" not in f.parts)
+    path.write_text("".join(f"{hashlib.sha256(f.read_bytes()).hexdigest()}  {f.relative_to(ROOT)}\n" for f in files))
 
 
 def download(requirements: list[str], into: Path) -> list[Path]:
