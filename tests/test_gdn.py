@@ -51,6 +51,10 @@ def test_mlir():
     assert "-> (%slots, tensor<1x8x48x128xbf16>)" in d.mlir
     assert "util.return %r#1, %r#0 : tensor<1x8x48x128xbf16>, tensor<1x16x2x48x128x128xf32>" in d.mlir
     assert "%cscale = arith.constant 1035273459 : i32" in d.mlir  # 128 ** -0.5 as f32 bits
+    assert "%cevery = arith.constant 1 : i32" in d.mlir
+    # the last state only (a prefill's blocks): more rows than slots are fine, one slot row is written
+    last = gdn_dispatch(1, 16, 16, 48, 128, 128, (1, 2, 2, 48, 128, 128), "bf16", "sm_80", every_row=False)
+    assert "%cevery = arith.constant 0 : i32" in last.mlir
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "gfx1151"])
@@ -145,9 +149,11 @@ def _build_host_body(out: Path, *defines: str) -> Path:
     return exe
 
 
-def _run_host_body(exe: Path, work: Path, S, T, Hk, Hv, dk, dv, dtype, seed=0, n=2, layer=1, fresh_stream=None):
+def _run_host_body(exe: Path, work: Path, S, T, Hk, Hv, dk, dv, dtype, seed=0, n=2, layer=1, fresh_stream=None,
+                   every_row=True, ref_every_row=None, read_at=3):
     """The host body's (o, slots) and reference.py's on seeded inputs, B = max(T, 8) slots a stream:
-    stream s reads flat row s * B + 3 (or zeros for `fresh_stream`) and writes from s * B."""
+    stream s reads flat row s * B + read_at (or zeros for `fresh_stream`) and writes from s * B, every
+    row's state or the last only (every_row; the reference's as ref_every_row, default the same)."""
     import ml_dtypes
 
     from dflash_iree.kernels.gdn.reference import gdn_step
@@ -162,17 +168,18 @@ def _run_host_body(exe: Path, work: Path, S, T, Hk, Hv, dk, dv, dtype, seed=0, n
     b, a = as_dt(rnd(S, T, Hv)), as_dt(rnd(S, T, Hv) * 2)
     A_log, dt_bias = as_dt(rng.uniform(-1, 1, Hv).astype(np.float32)), as_dt(rnd(Hv))
     slots = rnd(S, B, n, Hv, dk, dv) * np.float32(0.1)
-    rows = np.array([[-1 if s == fresh_stream else s * B + 3, s * B] for s in range(S)], np.int32)
+    rows = np.array([[-1 if s == fresh_stream else s * B + read_at, s * B] for s in range(S)], np.int32)
     work.mkdir(parents=True, exist_ok=True)
-    np.array([S, T, Hk, Hv, dk, dv, layer, n, {"f32": 0, "bf16": 1}[dtype], f32_bits(dk ** -0.5, signed=True)],
-             np.int32).tofile(work / "args.i32")
+    np.array([S, T, Hk, Hv, dk, dv, layer, n, {"f32": 0, "bf16": 1}[dtype], f32_bits(dk ** -0.5, signed=True),
+              int(every_row)], np.int32).tofile(work / "args.i32")
     for name, v in (("mixed", mixed), ("b", b), ("a", a), ("alog", A_log), ("dtb", dt_bias), ("slots", slots)):
         np.ascontiguousarray(v, np.float32).tofile(work / f"{name}.f32")
     rows.tofile(work / "rows.i32")
     subprocess.run([str(exe), str(work)], check=True, timeout=60)
     o = np.fromfile(work / "o.f32", np.float32).reshape(S, T, Hv, dv)
     got = np.fromfile(work / "slots_out.f32", np.float32).reshape(slots.shape)
-    want_o, want_s = gdn_step(mixed, b, a, A_log, dt_bias, slots, rows, layer, Hk, dk, dtype)
+    want_o, want_s = gdn_step(mixed, b, a, A_log, dt_bias, slots, rows, layer, Hk, dk, dtype,
+                              every_row=every_row if ref_every_row is None else ref_every_row)
     return o, got, want_o, want_s
 
 
@@ -197,10 +204,18 @@ def test_host_body_equals_the_reference_bit_for_bit(host_body, tmp_path, case):
     assert np.array_equal(got.view(np.uint32), want_s.view(np.uint32))
 
 
-def test_host_body_check_catches_a_body_that_keeps_the_last_state_only(tmp_path):
-    """Planted control: the body built with GD_EVERY_ROW=0 (the last row's state only, the variant that
-    times the rollback's writes) keeps o's bits but fails the slots' check."""
-    exe = _build_host_body(tmp_path, "-DGD_EVERY_ROW=0")
-    o, got, want_o, want_s = _run_host_body(exe, tmp_path / "run", 1, 4, 2, 4, 128, 20, "bf16")
+def test_host_body_last_state_only_equals_the_reference(host_body, tmp_path):
+    """every_row 0 (a prefill's blocks): o as before, and only the last row's state written, to the
+    row of slot 0, which is also the row it resumed from (a block after a block: read before written)."""
+    o, got, want_o, want_s = _run_host_body(host_body, tmp_path, 2, 7, 2, 4, 128, 20, "bf16", every_row=False, read_at=0)
+    assert np.array_equal(o.view(np.uint32), want_o.view(np.uint32))
+    assert np.array_equal(got.view(np.uint32), want_s.view(np.uint32))
+
+
+def test_host_body_check_catches_a_body_that_keeps_the_last_state_only(host_body, tmp_path):
+    """Planted control: the body run with every_row 0 (the last row's state only, the form that times
+    the rollback's writes) against the every-row reference keeps o's bits but fails the slots' check."""
+    o, got, want_o, want_s = _run_host_body(host_body, tmp_path, 1, 4, 2, 4, 128, 20, "bf16", every_row=False,
+                                            ref_every_row=True)
     assert np.array_equal(o.view(np.uint32), want_o.view(np.uint32))
     assert not np.array_equal(got.view(np.uint32), want_s.view(np.uint32))

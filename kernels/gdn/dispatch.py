@@ -12,7 +12,8 @@ with conv_dim = 2 Hk dk + Hv dv and slot_shape = [streams, slots, n_gdn, Hv, dk,
 gdn_slots). The function's second result is %slots itself, written in place by the dispatch (a tied
 operand, as the attention ties its counter global): the state after row t of stream s lands in flat
 slot row rows[s, 1] + t of layer %layer; the state before row 0 is read from flat row rows[s, 0]
-(-1: zeros). The first result is o in the model's layout [S, T, Hv, dv] (export/gdn.py
+(-1: zeros). Built with every_row=False, only the state after the last row is written, to flat row
+rows[s, 1] (a prefill's blocks of up to 16 rows, each resuming from the one before). The first result is o in the model's layout [S, T, Hv, dv] (export/gdn.py
 `GatedDeltaNet.forward`'s `o.transpose(1, 2).to(x.dtype)`). The rule, its fused inputs (key-head
 repeat, l2norm, q scale, beta, g) and its numerics contract are in gdn_body.h. GPU archs only; the
 host keeps IREE's lowering. No IREE import here: this module only writes text.
@@ -81,8 +82,9 @@ def object_file(arch: str) -> Path:
     return gpu_object("gdn", arch, ARCHS, "Gated DeltaNet step")
 
 
-def why_unsupported(S: int, T: int, Hk: int, Hv: int, dk: int, dv: int, slot_shape, dtype: str, arch: str) -> str | None:
-    """None when the kernel takes this shape on ARCH, else the reason it does not."""
+def why_unsupported(S: int, T: int, Hk: int, Hv: int, dk: int, dv: int, slot_shape, dtype: str, arch: str,
+                    every_row: bool = True) -> str | None:
+    """None when the kernel takes this shape on ARCH (every_row: a slot written per row), else the reason it does not."""
     if arch not in ARCHS:
         return f"arch {arch} has no Gated DeltaNet step kernel"
     if dtype not in DTYPES:
@@ -95,7 +97,7 @@ def why_unsupported(S: int, T: int, Hk: int, Hv: int, dk: int, dv: int, slot_sha
         return f"Hv={Hv} value heads are not a multiple of Hk={Hk} key heads"
     if len(slot_shape) != 6 or tuple(slot_shape[3:]) != (Hv, dk, dv):
         return f"slots {tuple(slot_shape)} are not [streams, slots, n_gdn, {Hv}, {dk}, {dv}]"
-    if T > slot_shape[1]:
+    if every_row and T > slot_shape[1]:
         return f"T={T} rows are more than the {slot_shape[1]} slots"
     if math.prod(slot_shape) >= 2 ** 40:
         return "slots too large"
@@ -103,13 +105,14 @@ def why_unsupported(S: int, T: int, Hk: int, Hv: int, dk: int, dv: int, slot_sha
 
 
 def gdn_dispatch(S: int, T: int, Hk: int, Hv: int, dk: int, dv: int, slot_shape, dtype: str, arch: str, *,
-                 name: str = "dflash_gdn") -> GdnDispatch:
+                 name: str = "dflash_gdn", every_row: bool = True) -> GdnDispatch:
     """Builds the spliceable GDN step for S streams of T rows, Hk key heads, Hv value heads, head dims
     dk, dv, state slots of SLOT_SHAPE (f32), inputs and o in DTYPE ("f32" or "bf16"), on ARCH
-    (sm_80/86/89, gfx1030/1100/1151/1201). name: symbol prefix (every symbol starts with it).
+    (sm_80/86/89, gfx1030/1100/1151/1201), writing the state after every row (every_row) or after the
+    last only (module docstring). name: symbol prefix (every symbol starts with it).
     Raises DFlashError for a shape or arch the kernel does not take, or a missing object."""
     slot_shape = tuple(int(v) for v in slot_shape)
-    why = why_unsupported(S, T, Hk, Hv, dk, dv, slot_shape, dtype, arch)
+    why = why_unsupported(S, T, Hk, Hv, dk, dv, slot_shape, dtype, arch, every_row)
     if why:
         raise DFlashError(f"GDN step S={S} T={T} Hk={Hk} Hv={Hv} dk={dk} dv={dv} {dtype} on {arch}: {why}")
     obj = object_file(arch)
@@ -120,9 +123,9 @@ def gdn_dispatch(S: int, T: int, Hk: int, Hv: int, dk: int, dv: int, slot_shape,
     m_t, g_t, h_t = f"tensor<{S}x{T}x{conv}x{dt}>", f"tensor<{S}x{T}x{Hv}x{dt}>", f"tensor<{Hv}x{dt}>"
     r_t, o_t = f"tensor<{S}x2xi32>", f"tensor<{S}x{T}x{Hv}x{dv}x{dt}>"
     s_t = f"tensor<{'x'.join(map(str, slot_shape))}xf32>"
-    text = executable_source(f"{name}_exe", "dflash_gdn", arch, obj.name, pipeline_layout(10, 6, 8), THREADS, 3)
+    text = executable_source(f"{name}_exe", "dflash_gdn", arch, obj.name, pipeline_layout(11, 6, 8), THREADS, 3)
     consts = {"T": T, "Hk": Hk, "Hv": Hv, "dk": dk, "dv": dv, "n": slot_shape[2], "dt": DTYPES[dtype],
-              "eps": f32_bits(EPS, signed=True), "scale": f32_bits(dk ** -0.5, signed=True)}
+              "eps": f32_bits(EPS, signed=True), "scale": f32_bits(dk ** -0.5, signed=True), "every": int(every_row)}
     gx, gy, gz = math.ceil(dv / COLUMNS), Hv, S
     text += (f"util.func private @{name}(%mixed: {m_t}, %b: {g_t}, %a: {g_t}, %alog: {h_t}, %dtb: {h_t}, "
              f"%rows: {r_t}, %slots: {s_t}, %layer: i32) -> ({o_t}, {s_t}) {{\n"
@@ -130,8 +133,8 @@ def gdn_dispatch(S: int, T: int, Hk: int, Hv: int, dk: int, dv: int, slot_shape,
              + f"    %gx = arith.constant {gx} : index\n    %gy = arith.constant {gy} : index\n"
              f"    %gz = arith.constant {gz} : index\n"
              f"    %r:2 = flow.dispatch @{name}_exe::@dflash_gdn[%gx, %gy, %gz]"
-             f"(%cT, %cHk, %cHv, %cdk, %cdv, %layer, %cn, %cdt, %ceps, %cscale, %mixed, %b, %a, %alog, %dtb, %rows, %slots)"
-             f" : (i32, i32, i32, i32, i32, i32, i32, i32, i32, i32, {m_t}, {g_t}, {g_t}, {h_t}, {h_t}, {r_t}, {s_t})"
+             f"(%cT, %cHk, %cHv, %cdk, %cdv, %layer, %cn, %cdt, %ceps, %cscale, %cevery, %mixed, %b, %a, %alog, %dtb, %rows, %slots)"
+             f" : (i32, i32, i32, i32, i32, i32, i32, i32, i32, i32, i32, {m_t}, {g_t}, {g_t}, {h_t}, {h_t}, {r_t}, {s_t})"
              f" -> (%slots, {o_t})\n"
              f"    util.return %r#1, %r#0 : {o_t}, {s_t}\n}}\n")
     return GdnDispatch(S=S, T=T, Hk=Hk, Hv=Hv, dk=dk, dv=dv, slot_shape=slot_shape, dtype=dtype, arch=arch, name=name,

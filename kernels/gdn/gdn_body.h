@@ -9,7 +9,9 @@
  *   g     = -exp(A_log) * softplus(a_t + dt_bias)  (f32; softplus(x) = x above 20)
  *   S     = S * exp(g);  kv = S^T k;  delta = (v_t - kv) * beta;  S = S + k (x) delta;  o_t = S^T q
  *
- * and the state after row t is written to slot row base + t; o_t is written in the model dtype.
+ * and the state after row t is written to slot row base + t (every_row 1: decode, verify, the rows a
+ * rollback may resume from) or the last row's state only, to slot row base (every_row 0: a prefill's
+ * blocks, each resuming from the one before); o_t is written in the model dtype.
  *
  *   mixed   dt  [S, T, conv_dim]   the conv's output, q | k | v (conv_dim = 2 Hk dk + Hv dv), read in place
  *   b, a    dt  [S, T, Hv]         in_proj_b / in_proj_a outputs
@@ -17,7 +19,7 @@
  *   rows    i32 [S, 2]             per stream: the flat slot row holding the state before row 0
  *                                  (-1: a fresh sequence, zeros), the flat row of slot 0 (written + t)
  *   slots   f32 [R, n_gdn, Hv, dk, dv]   export/recurrent_state.py gdn_slots viewed as R = streams * slots
- *                                  rows; this layer's part is read (one row) and written (T rows) in place
+ *                                  rows; this layer's part is read (one row) and written (T rows, or one) in place
  *   o       dt  [S, T, Hv, dv]
  *   dt: f32 (dtype 0) or bf16 (dtype 1).
  *
@@ -27,7 +29,8 @@
  * registers (R = ceil(Q / 4) <= 8; the last groups' ranges stop at Q: an empty one adds +0). So a
  * 27B layer's state runs on 3,072 warps (23 an SM of an H100): the rule is a chain of dependent sums
  * a row, and more warps hide its latency. The state is read once, updated T times in registers and
- * written after every row (32-byte segments). All T rows' q, k and v are staged in shared memory
+ * written after every row, or after the last (32-byte segments); a workgroup reads
+ * and writes its own columns only, so `from` may equal the row it writes. All T rows' q, k and v are staged in shared memory
  * first, and q and k normalised (2T threads, one row each); the gates by T threads. kv and o are
  * per-lane sums over the lane's rows; a warp adds its 4 groups' partials of a column gathered across
  * the warp (KG_SHFL), and the 4 warps' sums are added through shared memory (two barriers a row).
@@ -58,9 +61,6 @@
 #define GD_DMAX 128   /* largest dk */
 #define GD_RMAX (GD_DMAX / (GD_WARPS * GD_GROUPS))
 #define GD_TMAX 16    /* largest T */
-#ifndef GD_EVERY_ROW
-#define GD_EVERY_ROW 1 /* 0: the last row's state only (a measurement of what the rollback's writes cost) */
-#endif
 
 typedef union { float f; unsigned u; int i; } gd_bits;
 
@@ -145,7 +145,7 @@ KG_FN float gd_softplus(float x) {
 KG_FN void gd_workgroup(const void* __restrict__ mixed, const void* __restrict__ bb, const void* __restrict__ aa,
                         const void* __restrict__ alog, const void* __restrict__ dtb, const int* __restrict__ rows,
                         float* slots, void* __restrict__ out, int T, int Hk, int Hv, int dk, int dv, int layer,
-                        int n_gdn, int dtype, float eps, float scale, int wc, int h, int s, int tid) {
+                        int n_gdn, int dtype, float eps, float scale, int every_row, int wc, int h, int s, int tid) {
   KG_SHARED float sq[GD_TMAX][GD_DMAX];
   KG_SHARED float sk[GD_TMAX][GD_DMAX];
   KG_SHARED float sv[GD_TMAX][GD_COLS];
@@ -236,8 +236,8 @@ KG_FN void gd_workgroup(const void* __restrict__ mixed, const void* __restrict__
         o = o + st[r] * sq[t][i0 + r];
       }
     }
-    if (col && (GD_EVERY_ROW || t == T - 1)) {
-      float* d = slots + ((long)(base + t) * n_gdn + layer) * Hv * head + (long)h * head + col0;
+    if (col && (every_row || t == T - 1)) {
+      float* d = slots + ((long)(base + (every_row ? t : 0)) * n_gdn + layer) * Hv * head + (long)h * head + col0;
 #pragma unroll
       for (int r = 0; r < GD_RMAX; ++r) {
         if (r < n) *d = st[r];

@@ -1,7 +1,7 @@
 /* The GDN step's body (gdn_body.h) run on the host, every workgroup of the grid in turn
  * (kernels/simt_host.h): tests/test_gdn.py compares its o and slots with reference.py bit for bit.
  *
- *   gdn_host DIR   reads DIR/args.i32 (S T Hk Hv dk dv layer n_gdn dtype, the bits of the f32 scale),
+ *   gdn_host DIR   reads DIR/args.i32 (S T Hk Hv dk dv layer n_gdn dtype, the bits of the f32 scale, every_row),
  *                  DIR/{mixed,b,a,alog,dtb}.f32 (the model dtype's values as f32), DIR/rows.i32,
  *                  DIR/slots.f32; writes DIR/o.f32 and DIR/slots_out.f32.
  * Inputs of dtype bf16 are passed as their bf16 bits (the body reads u16 for dtype 1).
@@ -43,8 +43,8 @@ int main(int argc, char** argv) {
   }
   const std::string dir = argv[1];
   const auto a = load<int>(dir + "/args.i32");
-  if (a.size() != 10) {
-    std::fprintf(stderr, "%s/args.i32: 10 int32 expected\n", dir.c_str());
+  if (a.size() != 11) {
+    std::fprintf(stderr, "%s/args.i32: 11 int32 expected\n", dir.c_str());
     return 2;
   }
   const int S = a[0], T = a[1], Hk = a[2], Hv = a[3], dk = a[4], dv = a[5], layer = a[6], n_gdn = a[7], dtype = a[8];
@@ -85,7 +85,7 @@ int main(int argc, char** argv) {
       for (int wc = 0; wc < gx; ++wc)
         kg_host_workgroup(GD_T, [&](int tid) {
           gd_workgroup(mixed.data(), b.data(), aa.data(), alog.data(), dtb.data(), rows.data(), slots.data(), out.data(),
-                       T, Hk, Hv, dk, dv, layer, n_gdn, dtype, eps, scale, wc, h, s, tid);
+                       T, Hk, Hv, dk, dv, layer, n_gdn, dtype, eps, scale, a[10], wc, h, s, tid);
         });
   std::vector<float> o((size_t)S * T * Hv * dv);
   for (size_t i = 0; i < o.size(); ++i) {

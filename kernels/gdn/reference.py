@@ -84,7 +84,7 @@ def gates(b, a, A_log, dt_bias, dtype: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def gdn_step(mixed, b, a, A_log, dt_bias, slots, rows, layer: int, Hk: int, dk: int, dtype: str = "f32",
-             eps: float = 1e-6) -> tuple[np.ndarray, np.ndarray]:
+             eps: float = 1e-6, every_row: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """The kernel's result: o float32 [S, T, Hv, dv] (values of DTYPE) and the slots after its writes.
 
     Args:
@@ -92,7 +92,8 @@ def gdn_step(mixed, b, a, A_log, dt_bias, slots, rows, layer: int, Hk: int, dk: 
             dt_bias: [Hv]: float32 arrays holding values of DTYPE ("f32" or "bf16").
         slots: float32 [streams, slots, n_gdn, Hv, dk, dv] (not modified: a copy is returned).
         rows: int [S, 2]: per stream the flat slot row of the state before row 0 (-1: zeros) and
-            the flat row of slot 0 (row t's state goes to it + t).
+            the flat row of slot 0 (row t's state goes to it + t; with every_row False only the
+            last row's state is written, to it).
         layer: the GDN layer (index into n_gdn); Hk: key heads; dk: key head dim (a multiple of 4).
 
     Raises:
@@ -144,6 +145,7 @@ def gdn_step(mixed, b, a, A_log, dt_bias, slots, rows, layer: int, Hk: int, dk: 
         delta = (v[:, t] - kv) * beta[:, t, :, None]
         st = st + k[:, t, :, :, None] * delta[:, :, None, :]
         o[:, t] = round_to(grouped(q[:, t]), dtype)
-        for s in range(S):
-            flat[rows[s][1] + t, layer] = st[s]
+        if every_row or t == T - 1:
+            for s in range(S):
+                flat[rows[s][1] + (t if every_row else 0), layer] = st[s]
     return o, out
