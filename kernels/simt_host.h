@@ -7,7 +7,10 @@
  * of the thread and reads the lane's slot of its 32-thread warp between two barriers (so every
  * thread of the workgroup must reach each KG_SHFL, as every thread of a warp must on the GPU).
  * Floating point is the host's IEEE single precision; build with -ffp-contract=off as the GPU
- * objects are.
+ * objects are. What a host run cannot catch: a read of shared storage before any write (the statics
+ * hold the previous workgroup's values where a GPU's are undefined), and a KG_SHFL reached by part of
+ * a warp (here it waits on the whole workgroup: a hang, not a wrong value). So the host run checks a
+ * body's arithmetic and order, and bench/*_check.py checks the GPU's bits.
  */
 #ifndef DFLASH_KERNELS_SIMT_HOST_H
 #define DFLASH_KERNELS_SIMT_HOST_H
