@@ -10,7 +10,7 @@
  * objects are. What a host run cannot catch: a read of shared storage before any write (the statics
  * hold the previous workgroup's values where a GPU's are undefined), and a KG_SHFL reached by part of
  * a warp (here it waits on the whole workgroup: a hang, not a wrong value). So the host run checks a
- * body's arithmetic and order, and bench/*_check.py checks the GPU's bits.
+ * body's arithmetic and order, and bench/gdn_check.py checks the GPU's bits.
  */
 #ifndef DFLASH_KERNELS_SIMT_HOST_H
 #define DFLASH_KERNELS_SIMT_HOST_H
