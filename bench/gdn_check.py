@@ -1,6 +1,6 @@
 """The Gated DeltaNet step dispatch (kernels/gdn/) on a GPU at the Qwen3.5-27B layer shape: bits and speed.
 
-    python bench/gdn_check.py prepare [--arch sm_80] [--iree]    # here: one standalone module per T into .gpu/gdn/
+    python bench/gdn_check.py prepare [--arch sm_80] [--iree]    # here: one standalone module per T (and per T the last-state-only form) into .gpu/gdn/
     python bench/pack_device.py wheels && python bench/pack_device.py artifacts gdn
     # carry [".gpu/wheels", ".gpu/artifacts.zip"], then on the GPU machine:
     bash bench/on_device.sh python3 bench/gdn_check.py run --json "$OUT/gdn_check.json"
@@ -15,6 +15,9 @@ slot 5 (a rollback: the state after the 6th row of the call before) and writing 
   largest differences when not; `untouched_equal`: every other slot row and layer unchanged;
 - `rows_equal_t1_chain` (T > 1): the T rows' o and states bit-equal to T calls of the T = 1 module
   chained slot to slot (row invariance: decode and verify give the same bits);
+- `last_only_bits_equal`: the same call built with every_row=False (a prefill's blocks: the last
+  row's state only, to slot 0) against the reference's bits, o and every slot; `last_only_us` its
+  time, and `every_row_writes_us` the difference: what writing every row's state (the rollback) costs;
 - speed: the kernel's device time per call (CUPTI, torch.profiler), the bytes it must move (the state
   read once, T states written, the inputs and o) over that time, and that as a fraction of this GPU's
   device-to-device copy bandwidth (bench/common.py `copy_bandwidth`).
@@ -86,6 +89,8 @@ def prepare(arch: str, out: str | None = None, objects: str | None = None, iree:
         d = gdn_dispatch(S, T, HK, HV, DK, DV, SLOT_SHAPE, "bf16", arch)
         search = [f"--iree-hal-executable-object-search-path={Path(objects).resolve()}"] if objects else d.flags
         ic.compile_str(standalone_module(d), extra_args=flags + search, output_file=str(work / f"gdn_t{T}.vmfb"))
+        last = gdn_dispatch(S, T, HK, HV, DK, DV, SLOT_SHAPE, "bf16", arch, every_row=False)
+        ic.compile_str(standalone_module(last), extra_args=flags + search, output_file=str(work / f"gdn_last_t{T}.vmfb"))
         if iree:
             ic.compile_str(_iree_rule_mlir(T), extra_args=flags, output_file=str(work / f"iree_t{T}.vmfb"))
     meta = {"arch": arch, "rows": ROWS, "iree": iree, "object": str(obj.relative_to(ROOT) if obj.is_relative_to(ROOT) else obj),
@@ -189,6 +194,20 @@ def run(out_json: str, work: str | None = None) -> dict:
                     "tb_per_s": round(nbytes / (kernel_us * 1e-6) / 1e12, 3) if kernel_us else None})
         if kernel_us:
             row["fraction_of_copy_bandwidth"] = round(row["tb_per_s"] / bw["tb_per_s"], 3)
+        last_path = WORK_ / f"gdn_last_t{T}.vmfb"
+        if last_path.is_file():  # the last state only (a prefill's blocks): bits, and what every row's writes cost
+            lm = _Module(rt, device, last_path)
+            lm.fn["set_slots"](slots0)
+            lo = f32(lm.fn["gdn"](mixed, b, a, A_log, dt_bias, rows, LAYER))
+            lgot = np.asarray(lm.fn["get_slots"]())
+            lwant_o, lwant_s = gdn_step(f32(mixed), f32(b), f32(a), f32(A_log), f32(dt_bias), slots0, rows, LAYER, HK, DK,
+                                        "bf16", every_row=False)
+            row["last_only_bits_equal"] = bool(np.array_equal(lo.view(np.uint32), lwant_o.view(np.uint32))
+                                               and np.array_equal(lgot.view(np.uint32), lwant_s.view(np.uint32)))
+            last_us = _device_us(lambda: lm.fn["gdn"](*args, LAYER), "dflash_gdn")
+            row["last_only_us"] = round(last_us, 2) if last_us else None
+            if last_us and kernel_us:
+                row["every_row_writes_us"] = round(kernel_us - last_us, 2)
         if meta.get("iree"):
             inst = rt.VmInstance()
             vm = rt.VmModule.mmap(inst, str(WORK_ / f"iree_t{T}.vmfb"))
@@ -200,7 +219,7 @@ def run(out_json: str, work: str | None = None) -> dict:
                         "iree_fraction_of_copy_bandwidth": round(nbytes / (iree_us * 1e-6) / 1e12 / bw["tb_per_s"], 3)
                         if iree_us else None})
         row["ok"] = row["o_bits_equal"] and row["states_bits_equal"] and row["untouched_equal"] and row.get(
-            "rows_equal_t1_chain", True)
+            "rows_equal_t1_chain", True) and row.get("last_only_bits_equal", True)
         result["cases"].append(row)
         print(row, flush=True)
     result["ok"] = all(r["ok"] for r in result["cases"])
@@ -212,12 +231,13 @@ def report(path: str) -> None:
     r = json.loads(open(path).read())
     print(f"{r['device']} ({r['arch']}), copy {r['copy_bandwidth']['tb_per_s']} TB/s")
     print("| T | o bits | state bits | untouched | T=1 chain | kernel µs | MB moved | TB/s | of copy bw "
-          "| IREE's lowering µs | of copy bw |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| last state only: bits, µs | every row's writes µs | IREE's lowering µs | of copy bw |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for c in r["cases"]:
         print(f"| {c['T']} | {c['o_bits_equal']} | {c['states_bits_equal']} | {c['untouched_equal']} | "
               f"{c.get('rows_equal_t1_chain', '-')} | {c['kernel_us']} | {c['bytes'] / 1e6:.1f} | {c['tb_per_s']} | "
-              f"{c.get('fraction_of_copy_bandwidth')} | {c.get('iree_us', '-')} | "
+              f"{c.get('fraction_of_copy_bandwidth')} | {c.get('last_only_bits_equal', '-')}, {c.get('last_only_us', '-')} | "
+              f"{c.get('every_row_writes_us', '-')} | {c.get('iree_us', '-')} | "
               f"{c.get('iree_fraction_of_copy_bandwidth', '-')} |")
     print("ok" if r["ok"] else "FAILED")
 

@@ -12,7 +12,7 @@ the Qwen3.5-family hybrid pairs: the tests' tiny float32 hybrid (tests/tiny_qwen
 DeltaNet layers and a gated attention one, with a block-8 DFlash drafter) and models/demo-qwen35. `run` needs only
 iree.runtime and NumPy. It checks:
 - tiny float32 pair: compiled-on-GPU plain, exact and drafted tokens == eager-on-CPU tokens,
-  greedy and seeded T=1, short and long;
+  greedy and seeded T=1, short and long, prompts of 1 to 150 tokens (two prefill chunks);
 - the demo pair (bf16): drafted against plain through the verify graph (`exact`, must be equal
   bit for bit) and against plain through the decode graph (normal mode: the first divergence is
   reported; `report` adds the target's top-2 logit margin there, from the float32 eager model);
@@ -30,7 +30,8 @@ import time
 from pathlib import Path
 
 from common import ROOT, WORK, main
-TINY_PROMPTS = [[7, 300, 12, 99, 5], list(range(40, 73)), [200]]
+# the last: 150 tokens, two whole prefill chunks of 64 (the prefill entry point) and the rest by verify
+TINY_PROMPTS = [[7, 300, 12, 99, 5], list(range(40, 73)), [200], [(i * 37) % 500 + 3 for i in range(150)]]
 # per pair: the folder names under .gpu/ (tiny checkpoints, artifacts "{name}-{arch}", expected
 # tokens) and the demo pair's checkpoints
 PAIRS = {"qwen3": {"tiny": "tiny", "demo": "demo", "expected": "expected.json", "models": ROOT / "models/demo"},

@@ -18,8 +18,10 @@ Two forms of the recurrence, one result up to float rounding:
   for rollback (export/recurrent_state.py);
 - `chunked_rule`, chunks of 64 with the intra-chunk triangular system inverted by recursive block
   inversion (`unit_lower_inverse`; exportable: no triangular solve, and log2(64) levels of matmuls
-  where forward substitution unrolls 64): a long prefill's option, chosen by measurement
-  (experiments/2026-12-02-gdn-forms/).
+  where forward substitution unrolls 64): a long prefill's form eagerly and in IREE's lowering (the
+  host), chosen by measurement (experiments/2026-12-02-gdn-forms/). On a GPU a prefill's rule is
+  the GDN step kernel's token-by-token form instead, in blocks of 16 rows (export/qwen35.py
+  `Qwen35.step`), also chosen by measurement (experiments/2026-12-06-gdn-warp/).
 """
 
 from __future__ import annotations

@@ -290,6 +290,11 @@ def is_constant_int(value) -> bool:
     return getattr(value.owner, "name", None) == "torch.constant.int"
 
 
+def is_constant_bool(value) -> bool:
+    """Whether VALUE is a `torch.constant.bool` result (else a runtime `!torch.bool`)."""
+    return getattr(value.owner, "name", None) == "torch.constant.bool"
+
+
 def i32_of_int(before, value):
     """A runtime `!torch.int` VALUE as an i32 (`torch_c.to_i64`, then `arith.trunci`), inserted before
     op BEFORE: a kernel's scalar argument that the export computed from a dynamic dim."""

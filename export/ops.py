@@ -29,9 +29,9 @@ The ops (shapes: S streams, T tokens, M = S * T rows; dtypes: one float dtype th
   rotary_dim)`: each head the first hd <= X values of x (X = 2 hd: Qwen3.5's q inside q_proj's [query, gate] heads).
 - `dflash::topk_logprobs(logits [n, V] f32, temperature [] f32, k)`.
 - `dflash::gated_delta_rule(mixed [S, T, conv_dim], b, a [S, T, Hv], A_log, dt_bias [Hv], rows int32 [S, 2],
-  slots f32 [streams, slots, n_gdn, Hv, dk, dv], layer, key_heads, ref_o [S, T, Hv, dv], ref_slots)`:
-  one Gated DeltaNet layer's token-by-token rule (export/gdn.py), its per-row states written into
-  the state slots; returns (o, the slots after the write). Two references: `ref_o` and `ref_slots`
+  slots f32 [streams, slots, n_gdn, Hv, dk, dv], layer, key_heads, every_row, ref_o [S, T, Hv, dv], ref_slots)`:
+  one Gated DeltaNet layer's token-by-token rule (export/gdn.py), its per-row states (or, every_row
+  False, a prefill block's last state) written into the state slots; returns (o, the slots after the write). Two references: `ref_o` and `ref_slots`
   (export/qwen35.py `Qwen35.step`: the slots are threaded through the GDN layers as a value).
 
 The linear ops take a packed 4-bit form ("Packed 4-bit form" below; `scales` [] and `group_size` 0 for
@@ -225,7 +225,7 @@ def _topk_logprobs_fake(logits, temperature, k):
 @torch.library.custom_op("dflash::gated_delta_rule", mutates_args=())
 def gated_delta_rule(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, A_log: torch.Tensor,
                      dt_bias: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor, layer: int, key_heads: int,
-                     ref_o: torch.Tensor, ref_slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                     every_row: bool, ref_o: torch.Tensor, ref_slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One Gated DeltaNet layer's token-by-token gated delta rule with its state slots (kernels/gdn/).
 
     Args:
@@ -237,6 +237,9 @@ def gated_delta_rule(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, A_lo
         slots: float32 [streams, slots, n_gdn, Hv, dk, dv], the recurrent-state slots as the layers
             before this one left them (export/recurrent_state.py).
         layer: this layer's index among the GDN layers; key_heads: Hk.
+        every_row: the state after each row t goes to flat row rows[s, 1] + t (decode, verify), or
+            False, the state after the last row only, to rows[s, 1] (a prefill's block of up to 16
+            rows; the next block reads it there).
         ref_o: [S, T, Hv, dv] in the model dtype, o as the eager rule computes it.
         ref_slots: the slots after the reference's write (export/qwen35.py `Qwen35.step`: the slots
             input for every GDN layer but the last, whose ref_slots carry every layer's states: the
@@ -244,13 +247,14 @@ def gated_delta_rule(mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, A_lo
 
     Returns:
         (o, slots): copies of (ref_o, ref_slots). The kernel's are o and `slots` with layer `layer`'s
-        flat rows rows[s, 1] + t replaced by the state after row t.
+        flat rows rows[s, 1] + t replaced by the state after row t (every_row; else row
+        rows[s, 1] by the state after the last row).
     """
     return ref_o.clone(), ref_slots.clone()
 
 
 @gated_delta_rule.register_fake
-def _gated_delta_rule_fake(mixed, b, a, A_log, dt_bias, rows, slots, layer, key_heads, ref_o, ref_slots):
+def _gated_delta_rule_fake(mixed, b, a, A_log, dt_bias, rows, slots, layer, key_heads, every_row, ref_o, ref_slots):
     return torch.empty_like(ref_o), torch.empty_like(ref_slots)
 
 

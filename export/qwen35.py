@@ -33,6 +33,8 @@ from .qwen35_rope import rope_tables
 from .recurrent_state import RecurrentState
 from .sampling import Sampling, choose_tokens
 
+PREFILL_BLOCK = 16  # rows of one GDN step op in a prefill: the kernel's most (kernels/gdn/dispatch.py MAX_T)
+
 
 def zc_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm scaled by (1 + weight), all in float32, cast back to x's dtype (`Qwen3NextRMSNorm`).
@@ -262,22 +264,30 @@ class Qwen35(nn.Module):
                                 device=tokens.device)
         kept_gdn, kept_conv, taps = [], [], {}
         n_attn = n_gdn = 0
-        # Exported with state slots kept per row (decode, verify, draft): each GDN layer's rule is the
-        # named op `dflash::gated_delta_rule` (export/lower_gdn.py: the kernels/gdn/ step on a GPU),
-        # the slots a value threaded through the layers and stored once at the end. Eager, and
-        # the ops given to IREE, compute what the code without the op computes.
-        rule_op = torch.compiler.is_exporting() and cached is not None and keep_rows and bool(cfg.gdn_layers)
+        # Exported, each GDN layer's rule is the named op `dflash::gated_delta_rule` (export/lower_gdn.py:
+        # the kernels/gdn/ step on a GPU), the slots a value threaded through the layers and stored
+        # once at the end. Eager, and the ops given to IREE, compute what the code without the op
+        # computes. A call longer than the slots (a prefill) runs as blocks of up to PREFILL_BLOCK
+        # rows, each keeping its last state in slot 0, where the next block resumes.
+        rule_op = torch.compiler.is_exporting() and cached is not None and bool(cfg.gdn_layers)
         if rule_op:
             threaded = {"slots": self.state.gdn_slots, "rows": self.state.rows(start, stream)}
             last_gdn = len(cfg.gdn_layers) - 1
+            resume = threaded["rows"][:, 1:].expand(-1, 2)  # read and write the row of slot 0
 
             def rule(l: int, lin, mixed, b, a, o, states):
                 # the reference slots: unchanged until the last GDN layer, whose carry every layer's states
                 ref = (self.state.written_gdn(start, kept_gdn + [states], stream) if l == last_gdn
                        else threaded["slots"])
-                o, threaded["slots"] = ops.gated_delta_rule(mixed, b, a, lin.A_log, lin.dt_bias, threaded["rows"],
-                                                            threaded["slots"], l, cfg.linear_num_key_heads, o, ref)
-                return o
+                blocks = [(0, T)] if keep_rows else [(t, min(t + PREFILL_BLOCK, T)) for t in range(0, T, PREFILL_BLOCK)]
+                outs = []
+                for t0, t1 in blocks:
+                    o_t, threaded["slots"] = ops.gated_delta_rule(
+                        mixed[:, t0:t1], b[:, t0:t1], a[:, t0:t1], lin.A_log, lin.dt_bias,
+                        threaded["rows"] if t0 == 0 else resume, threaded["slots"], l, cfg.linear_num_key_heads,
+                        keep_rows, o[:, t0:t1], ref if t1 == T else threaded["slots"])
+                    outs.append(o_t)
+                return outs[0] if len(outs) == 1 else torch.cat(outs, 1)
         for i, layer in enumerate(body.layers):
             if layer.layer_type == "full_attention":
                 x = layer.attend(x, cos, sin, positions, None if cached is None else partial(cached, n_attn))

@@ -7,7 +7,8 @@ shared/notes/next-families.md §2): a call writes the state after each of its ro
 0..T-1 and records the position of row 0, and the next call, at position `start`, resumes from the
 slot of the row at start - 1. So rejected rows are never read, no host copy is made, and the entry
 points keep their arguments: the committed length the host passes as `start` picks the slot.
-A call of more rows than slots (a long prefill) writes its last state only, to slot 0.
+A call of more rows than slots (a long prefill) writes its last state only, to slot 0 (on a GPU
+its blocks of 16 rows each write their last state there and the next block resumes from it).
 Why slots and not checkpoint + replay (bytes and host times): experiments/2026-12-02-gdn-forms/README.md.
 
 The buffers are non-persistent module globals, like the KV cache, zero-initialised and per stream:

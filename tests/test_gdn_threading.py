@@ -1,7 +1,7 @@
 """The GPU kernel path of a hybrid target's Gated DeltaNet layers, run eagerly on the host.
 
-While exporting for a GPU, export/qwen35.py `Qwen35.step` (calls that keep every row's state)
-hands each GDN layer's rule to the named op `ops.gated_delta_rule` with `state.rows(start,
+While exporting for a GPU, export/qwen35.py `Qwen35.step` hands each GDN layer's rule (a prefill
+longer than the slots as blocks of up to 16 rows, each resuming from the last) to the named op `ops.gated_delta_rule` with `state.rows(start,
 stream)` and the state slots threaded from layer to layer, then stores the threaded slots and
 the conv windows itself (`gdn_slots.copy_`, `state.write(start, None, ...)`). Eager, that op
 returns its reference operands, and on the host IREE lowers the references, so this threading
@@ -17,7 +17,7 @@ operands, ref_o and ref_slots ignored). Every call's greedy tokens, logits and k
 (after each call, every stream's slot rows its next call may resume from) must agree, to float32
 rounding: the two rules sum in different orders. Planted controls, kept: the same path with the
 threading broken (every stream's states written to stream 0's rows, the next layer's slots, the
-state read one slot late) must fail that comparison.
+state read one slot late, a prefill's blocks each starting from zeros) must fail that comparison.
 
 Forcing the path: `Qwen35.step` takes it while `torch.compiler.is_exporting()` is true, so
 qwen35.py's `torch` is swapped for a view of torch whose `compiler.is_exporting()` says True
@@ -48,7 +48,7 @@ LOGITS_ATOL, SLOTS_ATOL = 1e-3, 1e-4
 # In order: ((start of stream 0, of stream 1), T) for an [S, T] call, or (stream, start, T) for the
 # one-stream form. Each start is where the stream's previous call rolled back to (accepted drafts).
 SCRIPT = [
-    ((0, 0), 12),   # prefill longer than B: chunked rule, last state only (the eager path in both runs)
+    ((0, 0), 12),   # prefill longer than B: eager the chunked rule, the kernel path one block; last state only
     ((12, 12), B),  # verify from slot 0 of the prefill
     ((15, 19), 1),  # accepted 2 and 6: decode
     ((16, 20), B),
@@ -61,11 +61,11 @@ SCRIPT = [
     (1, 32, 1),     # accepted 2
     (0, 12, 3),     # accepted 5; a short verify
     ((15, 33), B),  # accepted 2 (all of 3); both streams again
-    (0, 0, 10),     # stream 0's one-stream prefill longer than B (eager path), then its verify
-    (0, 10, B),
-    ((13, 36), 1),  # accepted 2 and 2
+    (0, 0, 20),     # stream 0's one-stream prefill, two blocks on the kernel path (16 + 4), then its verify
+    (0, 20, B),
+    ((23, 36), 1),  # accepted 2 and 2
 ]
-KERNEL_CALLS = sum(c[-1] <= B for c in SCRIPT)  # calls that take the kernel path (T <= B)
+OP_CALLS = sum(-(-c[-1] // qwen35.PREFILL_BLOCK) for c in SCRIPT)  # a layer's ops a call: its blocks
 
 
 class ExportingTorch:
@@ -77,10 +77,11 @@ class ExportingTorch:
         return getattr(torch, name)
 
 
-def emulate(mixed, b, a, A_log, dt_bias, rows, slots, layer, key_heads, ref_o, ref_slots):
+def emulate(mixed, b, a, A_log, dt_bias, rows, slots, layer, key_heads, every_row, ref_o, ref_slots):
     """What the GPU kernel returns for `ops.gated_delta_rule`: `gdn_step` on the real operands."""
     n = lambda x: x.detach().numpy()  # noqa: E731
-    o, out = gdn_step(n(mixed), n(b), n(a), n(A_log), n(dt_bias), n(slots), n(rows), layer, key_heads, slots.shape[4])
+    o, out = gdn_step(n(mixed), n(b), n(a), n(A_log), n(dt_bias), n(slots), n(rows), layer, key_heads, slots.shape[4],
+                      every_row=every_row)
     return torch.from_numpy(o).to(ref_o.dtype).view(ref_o.shape), torch.from_numpy(out)
 
 
@@ -99,6 +100,13 @@ def reads_one_late(mixed, b, a, A_log, dt_bias, rows, slots, *rest):
     at, base = rows[:, 0], rows[:, 1]
     at = torch.where(at < 0, at, base + (at - base + 1) % B)
     return emulate(mixed, b, a, A_log, dt_bias, torch.stack([at, base], 1), slots, *rest)
+
+
+def prefill_blocks_restart(mixed, b, a, A_log, dt_bias, rows, slots, layer, key_heads, every_row, *rest):
+    """Planted: a prefill's blocks after the first start from zeros, not from the block before."""
+    if not every_row and bool((rows[:, 0] == rows[:, 1]).all()):
+        rows = torch.stack([torch.full_like(rows[:, 0], -1), rows[:, 1]], 1)
+    return emulate(mixed, b, a, A_log, dt_bias, rows, slots, layer, key_heads, every_row, *rest)
 
 
 def run(target_dir, rule=None):
@@ -160,11 +168,12 @@ def eager(hybrid_pair):
 def test_kernel_path_threads_rows_layers_and_streams(hybrid_pair, eager):
     got, op_calls = run(hybrid_pair[0], emulate)
     n_gdn = eager[0][2].shape[1]  # kept slots: [rows, n_gdn, Hv, dk, dv]
-    assert op_calls == list(range(n_gdn)) * KERNEL_CALLS  # the kernel path ran, layers in order
+    assert sorted(op_calls) == sorted(list(range(n_gdn)) * OP_CALLS)  # the kernel path ran, every block of every layer
     assert mismatches(eager, got) == []
 
 
-@pytest.mark.parametrize("broken", [writes_stream_0, wrong_layer, reads_one_late], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("broken", [writes_stream_0, wrong_layer, reads_one_late, prefill_blocks_restart],
+                         ids=lambda f: f.__name__)
 def test_planted_threading_errors_are_caught(hybrid_pair, eager, broken):
     got, _ = run(hybrid_pair[0], broken)
     assert mismatches(eager, got) != []

@@ -123,8 +123,9 @@ def test_sm_80_puts_the_hybrid_layers_on_the_kernels(tiny_dir, tmp_path):
     """A bf16 tiny hybrid compiled for sm_80 (no sampled entry points, to keep it short): every gated
     attention op, decode's (R = g = 2) and verify's (R = 2 B) included, takes the gated block-attention
     kernel (the manifest's `splices.attention`, `gated`), the target's q/k norm + rope the
-    zero-centred, partial-rotary norm + rope, and the DeltaNet rule of decode (T = 1) and verify (T = B) the GDN
-    step kernel; none of them is left to IREE."""
+    zero-centred, partial-rotary norm + rope, and the DeltaNet rule of decode (T = 1), verify (T = B) and
+    prefill (its 64 rows as 4 blocks of 16 keeping their last state only) the GDN step kernel; none of
+    them is left to IREE."""
     import torch
     from tiny import make_drafter
     from tiny_qwen35 import make_hybrid
@@ -142,7 +143,9 @@ def test_sm_80_puts_the_hybrid_layers_on_the_kernels(tiny_dir, tmp_path):
     assert 2 in rows and 2 * B in rows and "attention" not in splices.get("iree", {})
     hybrid = [e for e in splices["norm_rope"] if e.get("zero_centered")]  # the rest: the drafter's Qwen3 norms
     assert hybrid and all(e["rotary_dim"] == 8 for e in hybrid)
-    assert {e["T"] for e in splices["gdn"]} == {1, B} and not {"gdn", "norm_rope"} & set(splices.get("iree", {}))
+    assert {(e["T"], e["every_row"]) for e in splices["gdn"]} == {(1, True), (B, True), (16, False)}
+    assert sum(e["ops"] for e in splices["gdn"] if not e["every_row"]) == 4 * 3  # one prefill's 4 blocks, 3 layers
+    assert not {"gdn", "norm_rope"} & set(splices.get("iree", {}))
 
 
 def test_sm_80_runs_one_deltanet_rule_in_every_entry_point(tiny_dir, tmp_path):
