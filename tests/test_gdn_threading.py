@@ -13,7 +13,7 @@ accepted lengths per stream, decodes, a stream starting over at 0 beside the oth
 verifies, and the one-stream form of export/stream_entry_points.py) runs twice on the tiny
 float32 hybrid with S = 2 streams: eager, and with the kernel path forced, the op replaced by
 what the kernel computes and writes (kernels/gdn/reference.py `gdn_step` on the op's real
-operands, ref_o and ref_slots ignored). Every call's greedy tokens, logits and kept state slots
+operands, ref_o and ref_slots ignored). Every call's greedy tokens, logits and kept state and conv-window slots
 (after each call, every stream's slot rows its next call may resume from) must agree, to float32
 rounding: the two rules sum in different orders. Planted controls, kept: the same path with the
 threading broken (every stream's states written to stream 0's rows, the next layer's slots, the
@@ -111,7 +111,7 @@ def prefill_blocks_restart(mixed, b, a, A_log, dt_bias, rows, slots, layer, key_
 
 def run(target_dir, rule=None):
     """SCRIPT on a fresh target: eager (rule None) or the kernel path with `rule` as the op.
-    Returns per call (chosen, logits, every stream's kept gdn slots after it) and the op's layer per call."""
+    Returns per call (chosen, logits, every stream's kept gdn and conv slots after it) and the op's layer per call."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         target = load_target(target_dir, max_context=CONTEXT, streams=S, block_size=B)
@@ -144,17 +144,19 @@ def run(target_dir, rule=None):
                 target_step_stream(target, tokens, slot_arg(stream), torch.tensor([start]), CONTEXT, None)
             kept.update((s, T if T <= B else 1) for s in streams)
             results[-1].append(torch.cat([target.state.gdn_slots[s, :n] for s, n in sorted(kept.items())]))
+            results[-1].append(torch.cat([target.state.conv_slots[s, :n] for s, n in sorted(kept.items())]))
     assert len(results) == len(SCRIPT)
     return results, op_calls
 
 
 def mismatches(want, got) -> list[str]:
-    """Where two runs' (chosen, logits, kept slots) disagree, one line per call and result."""
+    """Where two runs' (chosen, logits, kept gdn and conv slots) disagree, one line per call and result."""
     out = []
     for i, (w, g) in enumerate(zip(want, got)):
         if not torch.equal(w[0], g[0]):
             out.append(f"call {i} {SCRIPT[i]}: chosen tokens differ")
-        for name, x, y, atol in (("logits", w[1], g[1], LOGITS_ATOL), ("gdn slots", w[2], g[2], SLOTS_ATOL)):
+        for name, x, y, atol in (("logits", w[1], g[1], LOGITS_ATOL), ("gdn slots", w[2], g[2], SLOTS_ATOL),
+                                 ("conv slots", w[3], g[3], SLOTS_ATOL)):
             if not torch.allclose(x, y, atol=atol, rtol=0):
                 out.append(f"call {i} {SCRIPT[i]}: {name} differ by {(x - y).abs().max().item():.3g}")
     return out
