@@ -21,7 +21,8 @@ and binds the very same tensors (copied to host memory once) into the compiled m
 - with `--profile`, the device time of every kernel of those steps, from CUPTI through
   torch.profiler (it records the kernels IREE launches in the same process too): kernels per call
   (device-to-device copies included), busy ms per call against the wall ms, and the kernels that
-  take the most time; and the host's timeline of decode and verify (common.host_timeline: when
+  take the most time (and a timed prefill's, when one is asked for, as bench/speed_27b.py does); and
+  the host's timeline of decode and verify (common.host_timeline: when
   the first and last `cuLaunchKernel` come, when the GPU starts and ends, its idle time), for calls
   as the runtime makes them and for plain decoding's steps in a row;
 - achieved bandwidth of decode = the target's weight bytes read per step (every parameter but the
