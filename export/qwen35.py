@@ -277,7 +277,8 @@ class Qwen35(nn.Module):
 
             def rule(l: int, lin, mixed, b, a, o, states):
                 # the reference slots: unchanged until the last GDN layer, whose carry every layer's states
-                ref = (self.state.written_gdn(start, kept_gdn + [states], stream) if l == last_gdn
+                ref = (self.state.written_gdn(start, kept_gdn + [states if keep_rows else states[-1:]], stream)
+                       if l == last_gdn
                        else threaded["slots"])
                 blocks = [(0, T)] if keep_rows else [(t, min(t + PREFILL_BLOCK, T)) for t in range(0, T, PREFILL_BLOCK)]
                 outs = []

@@ -65,7 +65,6 @@ SCRIPT = [
     (0, 20, B),
     ((23, 36), 1),  # accepted 2 and 2
 ]
-OP_CALLS = sum(-(-c[-1] // qwen35.PREFILL_BLOCK) for c in SCRIPT)  # a layer's ops a call: its blocks
 
 
 class ExportingTorch:
@@ -109,12 +108,13 @@ def prefill_blocks_restart(mixed, b, a, A_log, dt_bias, rows, slots, layer, key_
     return emulate(mixed, b, a, A_log, dt_bias, rows, slots, layer, key_heads, every_row, *rest)
 
 
-def run(target_dir, rule=None):
+def run(target_dir, rule=None, prefill_form="chunked"):
     """SCRIPT on a fresh target: eager (rule None) or the kernel path with `rule` as the op.
     Returns per call (chosen, logits, every stream's kept gdn and conv slots after it) and the op's layer per call."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         target = load_target(target_dir, max_context=CONTEXT, streams=S, block_size=B)
+    target.prefill_form = prefill_form
     results, op_calls = [], []
     step = target.step
 
@@ -170,7 +170,8 @@ def eager(hybrid_pair):
 def test_kernel_path_threads_rows_layers_and_streams(hybrid_pair, eager):
     got, op_calls = run(hybrid_pair[0], emulate)
     n_gdn = eager[0][2].shape[1]  # kept slots: [rows, n_gdn, Hv, dk, dv]
-    assert sorted(op_calls) == sorted(list(range(n_gdn)) * OP_CALLS)  # the kernel path ran, every block of every layer
+    # the kernel path ran: per call, each layer in order, a prefill's blocks of a layer one after another
+    assert op_calls == [l for c in SCRIPT for l in range(n_gdn) for _ in range(-(-c[-1] // qwen35.PREFILL_BLOCK))]
     assert mismatches(eager, got) == []
 
 
@@ -179,3 +180,11 @@ def test_kernel_path_threads_rows_layers_and_streams(hybrid_pair, eager):
 def test_planted_threading_errors_are_caught(hybrid_pair, eager, broken):
     got, _ = run(hybrid_pair[0], broken)
     assert mismatches(eager, got) != []
+
+
+def test_kernel_path_with_a_per_token_prefill(hybrid_pair):
+    """`prefill_form="per_token"` (the eager prefill token by token, every row's state at hand): the
+    kernel path's last-layer reference keeps a prefill's last state only, as the eager write does."""
+    want, _ = run(hybrid_pair[0], prefill_form="per_token")
+    got, _ = run(hybrid_pair[0], emulate, prefill_form="per_token")
+    assert mismatches(want, got) == []
