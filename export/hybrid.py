@@ -61,7 +61,8 @@ def state_record(globals_: dict, cfg, block_size: int) -> dict:
         "step_bytes": sum(s["bytes"] for s in step.values()),
         "slot_bytes": sum(g["bytes"] for n, g in state["globals"].items() if n.startswith("target.state.")),
         "prefill_chunk": PREFILL_CHUNK,
-        "lowering": ("decode, verify and draft: the GDN step kernel (kernels/gdn/) on GPU archs (`splices.gdn`), "
-                     "IREE's ops on the host; prefill's chunked rule and the conv: IREE's ops on every arch"),
+        "lowering": ("decode, verify, draft and prefill (in blocks of 16 rows, the last state kept): the GDN "
+                     "step kernel (kernels/gdn/) on GPU archs (`splices.gdn`); IREE's ops on the host (prefill: "
+                     "the chunked rule); the conv: IREE's ops on every arch"),
     }
     return state
