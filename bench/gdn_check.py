@@ -79,7 +79,8 @@ def prepare(arch: str, out: str | None = None, objects: str | None = None, iree:
     from dflash_iree.kernels.gdn import gdn_dispatch, standalone_module
 
     work = Path(out) if out else WORK
-    flags = compile_flags(resolve_arch(arch)[0])
+    arch = resolve_arch(arch)[0]  # an alias (h200) names its arch
+    flags = compile_flags(arch)
     d = gdn_dispatch(S, 1, HK, HV, DK, DV, SLOT_SHAPE, "bf16", arch)
     obj = Path(objects) / d.objects[0].name if objects else d.objects[0]
     if not obj.is_file():
@@ -148,9 +149,13 @@ def run(out_json: str, work: str | None = None) -> dict:
 
     from dflash_iree.kernels.gdn.reference import gdn_step
 
+    from dflash_iree.errors import DFlashError
+
     WORK_ = Path(work) if work else WORK
-    device = rt.get_device("cuda")
+    if not (WORK_ / "cases.json").is_file():
+        raise DFlashError(f"{WORK_ / 'cases.json'} is missing: run `bench/gdn_check.py prepare` (and carry its folder)")
     meta = json.loads((WORK_ / "cases.json").read_text())
+    device = rt.get_device("cuda")
     bw = common.copy_bandwidth()
     result = {"device": torch.cuda.get_device_name(0), "arch": meta["arch"], "object": meta.get("object"),
               "object_sha256": meta.get("object_sha256"), "copy_bandwidth": bw, "cases": []}
@@ -195,6 +200,7 @@ def run(out_json: str, work: str | None = None) -> dict:
         if kernel_us:
             row["fraction_of_copy_bandwidth"] = round(row["tb_per_s"] / bw["tb_per_s"], 3)
         last_path = WORK_ / f"gdn_last_t{T}.vmfb"
+        row["last_only_bits_equal"] = None  # not built (a folder prepared before the last-only form): not ok
         if last_path.is_file():  # the last state only (a prefill's blocks): bits, and what every row's writes cost
             lm = _Module(rt, device, last_path)
             lm.fn["set_slots"](slots0)
@@ -219,7 +225,7 @@ def run(out_json: str, work: str | None = None) -> dict:
                         "iree_fraction_of_copy_bandwidth": round(nbytes / (iree_us * 1e-6) / 1e12 / bw["tb_per_s"], 3)
                         if iree_us else None})
         row["ok"] = row["o_bits_equal"] and row["states_bits_equal"] and row["untouched_equal"] and row.get(
-            "rows_equal_t1_chain", True) and row.get("last_only_bits_equal", True)
+            "rows_equal_t1_chain", True) and bool(row["last_only_bits_equal"])
         result["cases"].append(row)
         print(row, flush=True)
     result["ok"] = all(r["ok"] for r in result["cases"])
@@ -228,7 +234,13 @@ def run(out_json: str, work: str | None = None) -> dict:
 
 
 def report(path: str) -> None:
-    r = json.loads(open(path).read())
+    from dflash_iree.errors import DFlashError
+
+    try:
+        r = json.loads(open(path).read())
+        r["cases"], r["device"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DFlashError(f"{path}: not a gdn_check.py run's JSON ({e.__class__.__name__}: {e}): pass the file `run` wrote")
     print(f"{r['device']} ({r['arch']}), copy {r['copy_bandwidth']['tb_per_s']} TB/s")
     print("| T | o bits | state bits | untouched | T=1 chain | kernel µs | MB moved | TB/s | of copy bw "
           "| last state only: bits, µs | every row's writes µs | IREE's lowering µs | of copy bw |")

@@ -8,8 +8,9 @@
 # DFLASH_SITE picks another install folder.
 set -euo pipefail
 site=${DFLASH_SITE:-/tmp/site}
-if [ -f .gpu/wheels/sources.sha256 ] && ! sha256sum --check --quiet .gpu/wheels/sources.sha256 > /dev/null 2>&1; then
-  echo "bench/on_device.sh: .gpu/wheels was built from other Python sources than this tree: rerun python bench/pack_device.py wheels" >&2
+if [ ! -f .gpu/wheels/sources.sha256 ] || ! sha256sum --check --quiet .gpu/wheels/sources.sha256 > /dev/null 2>&1 \
+   || [ "$(cut -c67- .gpu/wheels/sources.sha256)" != "$(find dflash_iree export kernels runtime -name '*.py' -not -path '*/__pycache__/*' | LC_ALL=C sort)" ]; then
+  echo "bench/on_device.sh: .gpu/wheels was built from other Python sources than this tree (or before they were recorded): rerun python bench/pack_device.py wheels" >&2
   exit 2
 fi
 python3 -m pip install --quiet --no-deps --no-index --upgrade --target "$site" .gpu/wheels/*.whl  # --upgrade: replace an earlier install

@@ -73,10 +73,10 @@ def build_wheel(out: Path) -> Path:
 
 def write_source_sums(path: Path) -> None:
     """`sha256sum` lines of the Python files the wheel is built from, relative to the repository root:
-    bench/on_device.sh checks them against the tree it runs in (`sha256sum --check`), so a wheel built
-    before an edit (a kernel's reference.py, say) cannot be what the device imports unnoticed."""
-    files = sorted(f for name in WHEEL_SOURCES if (ROOT / name).is_dir() for f in (ROOT / name).rglob("*.py")
-                   if "__pycache__" not in f.parts)
+    bench/on_device.sh checks them against the tree it runs in (`sha256sum --check`, and the list of
+    files against the tree's, sorted bytewise), so a wheel built before an edit (a kernel's reference.py, say) cannot be what the device imports unnoticed."""
+    files = sorted((f for name in WHEEL_SOURCES if (ROOT / name).is_dir() for f in (ROOT / name).rglob("*.py")
+                    if "__pycache__" not in f.parts), key=lambda f: str(f.relative_to(ROOT)).encode())
     path.write_text("".join(f"{hashlib.sha256(f.read_bytes()).hexdigest()}  {f.relative_to(ROOT)}\n" for f in files))
 
 
