@@ -20,7 +20,8 @@ GEMM_Q4_KERNELS = tuple(f"dflash_q4{e}_mt{mt}" for e in ("gemm", "gemm2", "gemm3
 ATTENTION_KERNELS = ("dflash_attention",)
 ATTENTION_GATED_KERNELS = ("dflash_attention_gated",)
 ATTENTION_GATED_D256_KERNELS = ("dflash_attention_gated_d256",)
-NORM_ROPE_KERNELS = ("dflash_norm_rope", "dflash_norm_rope2", "dflash_norm_rope_v", "dflash_norm_rope2_v")
+NORM_ROPE_KERNELS = ("dflash_norm_rope", "dflash_norm_rope2", "dflash_norm_rope_v", "dflash_norm_rope2_v",
+                     "dflash_norm_rope2_kv")
 GDN_KERNELS = ("dflash_gdn",)
 
 

@@ -7,8 +7,8 @@ Qwen3.5's zero-centred, partial-rotary variant with q read in place from [query,
 - reference.py: the NumPy reference, rounding to the dtype where the eager ops do.
 """
 
-from .dispatch import (ARCHS, DTYPES, OBJECTS_DIR, THREADS, NormRopeDispatch, f32_bits, norm_rope_dispatch, object_file,
-                       standalone_module)
+from .dispatch import (ARCHS, DTYPES, OBJECTS_DIR, THREADS, NormRopeDispatch, f32_bits, norm_rope_dispatch, norm_rope_kv_dispatch,
+                       object_file, standalone_module)
 
 __all__ = ["ARCHS", "DTYPES", "OBJECTS_DIR", "THREADS", "NormRopeDispatch", "f32_bits", "norm_rope_dispatch",
-           "object_file", "standalone_module"]
+           "norm_rope_kv_dispatch", "object_file", "standalone_module"]

@@ -15,6 +15,16 @@ does a layer's q and k (`dflash_norm_rope2`, the same arithmetic per head):
     util.func private @{name}(%q: tensor<S x T x H x D>, %wq, %k: tensor<S x T x Hk x D>, %wk, %cos, %sin)
         -> (tensor<S x T x H x D>, tensor<S x T x Hk x D>)
 
+`norm_rope_kv_dispatch` adds the KV cache write to the pair (`dflash_norm_rope2_kv`): k's result and v
+go straight into their rows of the cache, which the function returns written in place (a tied
+operand), where IREE took a copy of v and a scatter dispatch besides (two launches a layer and step):
+
+    util.func private @{name}(%q, %wq, %k, %wk, %cos, %sin, %v: tensor<S x T x Hk x D>, %rows: tensor<S*2T x i64>,
+                              %cache: tensor<cache shape>) -> (tensor<S x T x H x D>, tensor<cache shape>)
+
+with rows the flat cache rows of export/qwen3.py `cache_rows` (a stream's T key rows, then its T
+value rows) and the cache [..., Hk * D].
+
 The variants of Qwen3.5's gated attention (export/qwen35.py `zc_rms_norm` then `partial_rope`) take
 the entry points `dflash_norm_rope_v` / `dflash_norm_rope2_v`: `zero_centered` scales by (1 + w) in
 float32, `rotary_dim` R rotates the first R dims of a head (cos and sin [S, T, R]), and `x_stride`
@@ -26,6 +36,7 @@ GPU archs only; the host CPU keeps IREE's lowering. No IREE import here: this mo
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -64,6 +75,7 @@ class NormRopeDispatch:
     rotary_dim: int | None = None  # the rotated dims of a head; None: all D
     x_stride: int | None = None  # values per head of x (its last dim); None: D
     k_stride: int | None = None  # the same of k, with Hk
+    cache_shape: tuple | None = None  # the KV cache the dispatch writes k and v into (norm_rope_kv_dispatch)
 
     @property
     def R(self) -> int:
@@ -182,6 +194,56 @@ def norm_rope_dispatch(S: int, T: int | None, H: int, D: int, dtype: str, eps: f
              f" : ({operand_types}) -> ({result_types})\n"
              f"    util.return {', '.join(f'%y#{i}' for i in range(len(outs)))} : {', '.join(outs)}\n}}\n")
     return replace(d, mlir=text)
+
+
+def norm_rope_kv_dispatch(S: int, T: int | None, H: int, Hk: int, D: int, dtype: str, eps: float, cache_shape,
+                          arch: str, *, name: str = "dflash_norm_rope_kv") -> NormRopeDispatch:
+    """Builds the spliceable head norm + rope of a layer's q [S, T, H, D] and k [S, T, Hk, D] that also
+    writes k's result and v [S, T, Hk, D] into the KV cache (module docstring, `dflash_norm_rope2_kv`).
+
+    T: the token count, or None when it is dynamic. dtype: 'f32', 'bf16' or 'f16' (q, k, v, the
+    weights, cos, sin and the cache alike). cache_shape: the cache's static shape, its last dim Hk * D
+    and fewer than 2**31 rows. Returns a NormRopeDispatch with Hk set (its `operand_types` and
+    `result_types` are the pair's; the function's are in the module docstring).
+    Raises DFlashError as `norm_rope_dispatch` does, and for a cache of another row width.
+    """
+    cache_shape = tuple(int(c) for c in cache_shape)
+    if cache_shape[-1] != Hk * D:
+        raise DFlashError(f"head norm + rope + KV cache: cache rows of {cache_shape[-1]} values are not Hk * D = {Hk * D}")
+    if len(cache_shape) < 2 or math.prod(cache_shape[:-1]) >= 2 ** 31:
+        raise DFlashError(f"head norm + rope + KV cache: cache {cache_shape} has too many rows")
+    d = norm_rope_dispatch(S, T, H, D, dtype, eps, arch, name=name, Hk=Hk)
+    dyn = "{%t}" if T is None else ""
+    q_t, w_t, k_t, _, c_t, _ = d.operand_types
+    r_t = f"tensor<{'?' if T is None else S * 2 * T}xi64>"
+    cache_t = f"tensor<{'x'.join(map(str, cache_shape))}x{dtype}>"
+    consts = {"H": H, "Hk": Hk, "D": D}
+    if T is None:
+        rows = (f"    %c1 = arith.constant 1 : index\n    %t = tensor.dim %x, %c1 : {q_t}\n"
+                f"    %sh = arith.constant {S * (H + 2 * Hk)} : index\n    %n = arith.muli %t, %sh : index\n"
+                f"    %sq = arith.constant {S * H} : index\n    %nq = arith.muli %t, %sq : index\n"
+                "    %cnq = arith.index_cast %nq : index to i32\n    %cT = arith.index_cast %t : index to i32\n"
+                f"    %s2 = arith.constant {2 * S} : index\n    %nr = arith.muli %t, %s2 : index\n")
+    else:
+        rows = (f"    %n = arith.constant {S * T * (H + 2 * Hk)} : index\n    %cnq = arith.constant {S * T * H} : i32\n"
+                f"    %cT = arith.constant {T} : i32\n")
+    args = ["x", "w", "k", "wk", "cos", "sin", "v", "rows", "cache"]
+    ins = [q_t, w_t, k_t, w_t, c_t, c_t, k_t, r_t, cache_t]
+    dims = {"x": dyn, "k": dyn, "cos": dyn, "sin": dyn, "v": dyn, "rows": "{%nr}" if T is None else ""}
+    pushed = ["%cnq", "%cH", "%cHk", "%cD", "%cT", "%cdt", "%ceps"]
+    text = executable_source(f"{name}_exe", "dflash_norm_rope2_kv", arch, d.objects[0].name,
+                             pipeline_layout(len(pushed), len(ins) - 1, len(ins) + 1), THREADS, 1)
+    operand_types = ", ".join(["i32"] * len(pushed) + [ty + dims.get(a, "") for a, ty in zip(args, ins)])
+    text += (f"util.func private @{name}({', '.join(f'%{a}: {ty}' for a, ty in zip(args, ins))})"
+             f" -> ({q_t}, {cache_t}) {{\n"
+             + "".join(f"    %c{k} = arith.constant {v} : i32\n" for k, v in consts.items())
+             + f"    %cdt = arith.constant {DTYPES[dtype]} : i32\n"
+             f"    %ceps = arith.constant {f32_bits(eps, signed=True)} : i32\n"
+             + rows
+             + f"    %y:2 = flow.dispatch @{name}_exe::@dflash_norm_rope2_kv[%n]({', '.join(pushed + ['%' + a for a in args])})"
+             f" : ({operand_types}) -> ({q_t}{dyn}, %cache)\n"
+             f"    util.return %y#0, %y#1 : {q_t}, {cache_t}\n}}\n")
+    return replace(d, mlir=text, cache_shape=cache_shape)
 
 
 def standalone_module(d: NormRopeDispatch) -> str:

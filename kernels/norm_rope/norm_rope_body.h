@@ -55,16 +55,15 @@ KG_FN void nr_store(void* p, long i, float f, int dt) {
   else ((_Float16*)p)[i] = (_Float16)f;
 }
 
-KG_FN void nr_workgroup(const void* x, const void* w, const void* cs, const void* sn, void* out, int H, int D,
-                        int dt, float eps, int wg, int tid) {
+/* One head: x's D values at element xb, normed, weighted and rotated (cos and sin rows at tab) into
+ * out at element ob. */
+KG_FN void nr_head(const void* x, long xb, const void* w, const void* cs, const void* sn, long tab, void* out,
+                   long ob, int D, int dt, float eps, int tid) {
   KG_SHARED float red[NR_T];
   const int half = D / 2;
-  const long row = wg / H;
-  const long base = (long)wg * D;  /* x and out are [rows, H, D], contiguous */
-  const long tab = row * D;        /* cos and sin are [rows, D] */
   float ss = 0.0f;
   for (int i = tid; i < D; i += NR_T) {
-    float v = nr_load(x, base + i, dt);
+    float v = nr_load(x, xb + i, dt);
     ss += v * v;
   }
   red[tid] = ss;
@@ -75,12 +74,46 @@ KG_FN void nr_workgroup(const void* x, const void* w, const void* cs, const void
   }
   const float r = 1.0f / __builtin_sqrtf(red[0] / (float)D + eps);
   for (int i = tid; i < half; i += NR_T) {
-    float a = nr_round(nr_load(w, i, dt) * nr_round(nr_load(x, base + i, dt) * r, dt), dt);
-    float b = nr_round(nr_load(w, i + half, dt) * nr_round(nr_load(x, base + i + half, dt) * r, dt), dt);
+    float a = nr_round(nr_load(w, i, dt) * nr_round(nr_load(x, xb + i, dt) * r, dt), dt);
+    float b = nr_round(nr_load(w, i + half, dt) * nr_round(nr_load(x, xb + i + half, dt) * r, dt), dt);
     float lo = nr_round(nr_round(a * nr_load(cs, tab + i, dt), dt) + nr_round(-b * nr_load(sn, tab + i, dt), dt), dt);
     float hi = nr_round(nr_round(b * nr_load(cs, tab + i + half, dt), dt) + nr_round(a * nr_load(sn, tab + i + half, dt), dt), dt);
-    nr_store(out, base + i, lo, dt);
-    nr_store(out, base + i + half, hi, dt);
+    nr_store(out, ob + i, lo, dt);
+    nr_store(out, ob + i + half, hi, dt);
+  }
+}
+
+/* Head (row, h) of x [rows, H, D] into the same place of out [rows, H, D]; cos and sin [rows, D]. */
+KG_FN void nr_workgroup(const void* x, const void* w, const void* cs, const void* sn, void* out, int H, int D,
+                        int dt, float eps, int wg, int tid) {
+  nr_head(x, (long)wg * D, w, cs, sn, (long)(wg / H) * D, out, (long)wg * D, D, dt, eps, tid);
+}
+
+/* A layer's q and k, with k and v written into the KV cache (dflash_norm_rope2_kv). Workgroup wg of
+ * rows * (Hq + 2 Hk): q's heads into outq as nr_workgroup does, then k's heads normed and rotated, then
+ * v's heads copied, each into its cache row. Row r = s * T + t of k (v) goes to flat cache row
+ * rows[s * 2T + t] (rows[s * 2T + T + t]) of cache [*, Hk * D] (export/qwen3.py `cache_rows`: a
+ * stream's T key rows, then its T value rows). */
+KG_FN void nr_workgroup_kv(const void* xq, const void* wq, const void* xk, const void* wk, const void* cs,
+                           const void* sn, const void* v, const long long* rows, void* cache, void* outq,
+                           int q_groups, int Hq, int Hk, int D, int T, int dt, float eps, int wg, int tid) {
+  if (wg < q_groups) {
+    nr_workgroup(xq, wq, cs, sn, outq, Hq, D, dt, eps, wg, tid);
+    return;
+  }
+  const int k_groups = q_groups / Hq * Hk;
+  int j = wg - q_groups;
+  const int is_v = j >= k_groups;
+  if (is_v) j -= k_groups;
+  const int r = j / Hk, h = j - r * Hk, s = r / T, t = r - s * T;
+  const long ob = (long)rows[(long)s * 2 * T + (is_v ? T : 0) + t] * ((long)Hk * D) + (long)h * D;
+  if (!is_v) {
+    nr_head(xk, (long)j * D, wk, cs, sn, (long)r * D, cache, ob, D, dt, eps, tid);
+  } else if (dt == NR_F32) {
+    for (int i = tid; i < D; i += NR_T) ((float*)cache)[ob + i] = ((const float*)v)[(long)j * D + i];
+  } else {
+    for (int i = tid; i < D; i += NR_T)
+      ((unsigned short*)cache)[ob + i] = ((const unsigned short*)v)[(long)j * D + i];
   }
 }
 

@@ -10,6 +10,12 @@
  *       q and k of one layer (one position table) in one grid (rows * (Hq + Hk), 1, 1): the first
  *       rows * Hq workgroups take q's heads, the rest k's; each head as dflash_norm_rope computes it.
  *
+ *   dflash_norm_rope2_kv(xq[rows*Hq*D], wq[D], xk[rows*Hk*D], wk[D], cos[rows*D], sin[rows*D], v[rows*Hk*D],
+ *                        cache_rows[S*2T] (int64), cache[*, Hk*D], outq[rows*Hq*D], rows * Hq, Hq, Hk, D, T,
+ *                        dtype, bits of eps)
+ *       dflash_norm_rope2's q and k, k's result and v written into their rows of the KV cache in place
+ *       (nr_workgroup_kv): grid (rows * (Hq + 2 Hk), 1, 1), rows = S * T.
+ *
  *   dflash_norm_rope_v(x[rows*H*XS], weight[D], cos[rows*R], sin[rows*R], out[rows*H*D], H, D, R, XS, zc, dtype,
  *                      bits of eps)
  *   dflash_norm_rope2_v(xq[rows*Hq*XSq], wq[D], xk[rows*Hk*XSk], wk[D], cos[rows*R], sin[rows*R],
@@ -40,6 +46,17 @@ dflash_norm_rope2(const void* __restrict__ xq, const void* __restrict__ wq, cons
     nr_workgroup(xq, wq, cs, sn, outq, Hq, D, dtype, e.f, wg, KG_TID());
   else
     nr_workgroup(xk, wk, cs, sn, outk, Hk, D, dtype, e.f, wg - q_groups, KG_TID());
+}
+
+extern "C" __global__ void KG_LAUNCH(NR_T)
+dflash_norm_rope2_kv(const void* __restrict__ xq, const void* __restrict__ wq, const void* __restrict__ xk,
+                     const void* __restrict__ wk, const void* __restrict__ cs, const void* __restrict__ sn,
+                     const void* __restrict__ v, const long long* __restrict__ rows, void* __restrict__ cache,
+                     void* __restrict__ outq, int q_groups, int Hq, int Hk, int D, int T, int dtype, int eps_bits) {
+  union { int i; float f; } e;
+  e.i = eps_bits;
+  nr_workgroup_kv(xq, wq, xk, wk, cs, sn, v, rows, cache, outq, q_groups, Hq, Hk, D, T, dtype, e.f, KG_WG_X(),
+                  KG_TID());
 }
 
 /* The variants: entry points of their own, so that Qwen3's two keep their code, byte for byte. */
