@@ -8,6 +8,11 @@ R dims (`_r{R}`), and an x wider than the head, whose first hd values a head are
 (`_s{X}`, `_s{Xq}_{Xk}` for a pair: q inside q_proj's [query, gate] heads, X = 2 hd).
 The op has no reference operand: only the GPU form exports it and every GPU arch has the kernel, so
 an arch without it (the host) is refused.
+
+`dflash::norm_rope_kv_write` (a Qwen3 layer's q and k with the KV cache write, export/qwen3.py
+`Attention.qkv_written`) becomes one dispatch too, `dflash_norm_rope_kv_{S}x{T}x{Hq}_{Hk}x{hd}_{dtype}_{eps
+bits}`, that writes k's result and v into the cache in place; its references are dropped. Every GPU
+arch has it, as the pair's; the host is refused the same way.
 """
 
 from __future__ import annotations
@@ -16,9 +21,10 @@ from dataclasses import dataclass
 
 from dflash_iree.errors import DFlashError
 
-from .mlir import add_functions, builtin_type, constant_bool, constant_float, constant_int, find_ops, replace_with_call
+from .mlir import (add_functions, builtin_type, constant_bool, constant_float, constant_int, emit_call, find_ops,
+                   replace_with_call, replace_with_values)
 from .lowered import Lowered, has_kernel
-from .ops import NORM_ROPE_OP
+from .ops import NORM_ROPE_KV_OP, NORM_ROPE_OP
 
 
 def _dims(x) -> list[str]:
@@ -119,10 +125,13 @@ def lower_norm_rope(module, arch: str, pairs: bool = True):
     from dflash_iree.kernels.norm_rope import norm_rope_dispatch
 
     ops = find_ops(module, "torch.operator", NORM_ROPE_OP)
-    if not ops:
+    kv_ops = find_ops(module, "torch.operator", NORM_ROPE_KV_OP)
+    if not ops and not kv_ops:
         return None
     out = Lowered(rule={"kernel": has_kernel(arch, "norm_rope"), "pairs": pairs})
     counts: dict[tuple, int] = {}
+    for op in kv_ops:
+        _lower_kv_write(module, op, arch, out, counts)
     for run in _norm_rope_pairs(ops) if pairs else [[op] for op in ops]:
         q = _parse_norm_rope(run[0])
         k = _parse_norm_rope(run[1]) if len(run) == 2 else None
@@ -148,7 +157,34 @@ def lower_norm_rope(module, arch: str, pairs: bool = True):
         key = (S, T, H if Hk is None else (H, Hk), D, dtype, (q.zc, q.R, strides) if variant else None)
         counts[key] = counts.get(key, 0) + 1
     out.entries = [{"S": S, "T": T, "H": H if isinstance(H, int) else list(H), "head_dim": D, "dtype": dt, "ops": c,
-                    **({} if v is None else {"zero_centered": v[0], "rotary_dim": v[1],
-                                             "head_stride": v[2][0] if len(v[2]) == 1 else list(v[2])})}
+                    **({} if v is None else {"kv_cache": True} if v == "kv" else
+                       {"zero_centered": v[0], "rotary_dim": v[1],
+                        "head_stride": v[2][0] if len(v[2]) == 1 else list(v[2])})}
                    for (S, T, H, D, dt, v), c in sorted(counts.items(), key=lambda kv: str(kv[0]))]
     return out
+
+
+def _lower_kv_write(module, op, arch: str, out: Lowered, counts: dict) -> None:
+    """Replace one `dflash::norm_rope_kv_write` with its dispatch (module docstring). Raises DFlashError
+    for operands of other ranks or dtypes, a cache of another row width, or what `norm_rope_kv_dispatch`
+    refuses (an arch without the kernel)."""
+    from dflash_iree.kernels.attention import f32_bits
+    from dflash_iree.kernels.norm_rope import norm_rope_kv_dispatch
+
+    q, wq, k, wk, cos, sin, eps, v, cache, rows, ref_q, ref_cache = op.operands
+    qd, kd, cd = _dims(q), _dims(k), _dims(cache)
+    if len(qd) != 5 or len(kd) != 5 or "?" in qd[:1] + qd[2:4] + kd[2:4] or "?" in cd:
+        raise DFlashError(f"splice: {NORM_ROPE_KV_OP} takes q [S, T, Hq, hd], k [S, T, Hkv, hd] with static S, heads, "
+                          f"hd and a static cache, got {q.type}, {k.type}, {cache.type}")
+    S, T, H, D, dtype = int(qd[0]), None if qd[1] == "?" else int(qd[1]), int(qd[2]), int(qd[3]), qd[4]
+    Hk, e = int(kd[2]), constant_float(eps)
+    name = f"dflash_norm_rope_kv_{S}x{'D' if T is None else T}x{H}_{Hk}x{D}_{dtype}_{f32_bits(e):08x}"
+    d = norm_rope_kv_dispatch(S, T, H, Hk, D, dtype, e, [int(c) for c in cd[:-1]], arch, name=name)
+    operands = [q, wq, k, wk, cos, sin, v, rows, cache]
+    add_functions(module, d.mlir)
+    got = emit_call(op, d.func, operands, [builtin_type(ref_q.type), builtin_type(ref_cache.type)],
+                    [ref_q.type, ref_cache.type])
+    replace_with_values(op, got)
+    out.flags += [f for f in d.flags if f not in out.flags]
+    key = (S, T, (H, Hk), D, dtype, "kv")
+    counts[key] = counts.get(key, 0) + 1

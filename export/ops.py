@@ -27,6 +27,11 @@ The ops (shapes: S streams, T tokens, M = S * T rows; dtypes: one float dtype th
   a block's attention over the first N rows of one layer of the KV cache.
 - `dflash::head_norm_rope(x [S, T, H, X], weight [hd], cos, sin [S, T, rotary_dim or hd], eps, zero_centered,
   rotary_dim)`: each head the first hd <= X values of x (X = 2 hd: Qwen3.5's q inside q_proj's [query, gate] heads).
+- `dflash::norm_rope_kv_write(q [S, T, Hq, hd], wq, k [S, T, Hkv, hd], wk, cos, sin, eps, v, cache, rows, ref_q,
+  ref_cache)`: a layer's q and k norm + rope with k's result and v written into the KV cache
+  [S, L, 2, C, Hkv * hd] at the flat rows int64 [S * 2T] (export/qwen3.py `cache_rows`); returns (q, the
+  cache after the write). Two references, as the GDN step's: the export threads the cache through
+  the layers as a value (export/qwen3.py `Qwen3.forward`).
 - `dflash::topk_logprobs(logits [n, V] f32, temperature [] f32, k)`.
 - `dflash::gated_delta_rule(mixed [S, T, conv_dim], b, a [S, T, Hv], A_log, dt_bias [Hv], rows int32 [S, 2],
   slots f32 [streams, slots, n_gdn, Hv, dk, dv], layer, key_heads, every_row, ref_o [S, T, Hv, dv], ref_slots)`:
@@ -60,6 +65,7 @@ LINEAR_RESIDUAL_OP = "torch.dflash.linear_residual"
 LINEAR_SWIGLU_OP = "torch.dflash.linear_swiglu"
 ATTENTION_OP = "torch.dflash.block_attention"
 NORM_ROPE_OP = "torch.dflash.head_norm_rope"
+NORM_ROPE_KV_OP = "torch.dflash.norm_rope_kv_write"
 TOPK_OP = "torch.dflash.topk_logprobs"
 GDN_OP = "torch.dflash.gated_delta_rule"
 
@@ -194,6 +200,32 @@ def head_norm_rope(x: torch.Tensor, weight: torch.Tensor, cos: torch.Tensor, sin
 def _head_norm_rope_fake(x, weight, cos, sin, eps, zero_centered=False, rotary_dim=0):
     torch._check(weight.shape[-1] <= x.shape[-1])
     return x.new_empty((*x.shape[:-1], weight.shape[-1]))
+
+
+@torch.library.custom_op("dflash::norm_rope_kv_write", mutates_args=())
+def norm_rope_kv_write(q: torch.Tensor, wq: torch.Tensor, k: torch.Tensor, wk: torch.Tensor, cos: torch.Tensor,
+                       sin: torch.Tensor, eps: float, v: torch.Tensor, cache: torch.Tensor, rows: torch.Tensor,
+                       ref_q: torch.Tensor, ref_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q_norm / k_norm and RoPE of a layer, with its keys and values written into the KV cache (kernels/norm_rope/).
+
+    Args:
+        q: [S, T, Hq, hd], k, v: [S, T, Hkv, hd], q_proj's, k_proj's and v_proj's results; wq, wk: [hd],
+            the q_norm and k_norm weights; cos, sin: [S, T, hd]; eps: the norms' epsilon.
+        cache: [S, L, 2, C, Hkv * hd], the KV cache as the layers before this one left it.
+        rows: int64 [S * 2T], this layer's flat cache rows (export/qwen3.py `cache_rows`).
+        ref_q: [S, T, Hq, hd], `apply_rope(q_norm(q), cos, sin)` as eager computes it; ref_cache: the
+            cache after eager's write of the rotated k and v (export/qwen3.py `written_cache`).
+
+    Returns:
+        (q, cache): copies of (ref_q, ref_cache). The kernel's are its rotated q and `cache` itself,
+        written in place; its k rows are the head norm + rope kernel's (bit for bit as eager's).
+    """
+    return ref_q.clone(), ref_cache.clone()
+
+
+@norm_rope_kv_write.register_fake
+def _norm_rope_kv_write_fake(q, wq, k, wk, cos, sin, eps, v, cache, rows, ref_q, ref_cache):
+    return torch.empty_like(ref_q), torch.empty_like(ref_cache)
 
 
 @torch.library.custom_op("dflash::topk_logprobs", mutates_args=())

@@ -259,6 +259,21 @@ class Attention(nn.Module):
                       self.attention)
         return (q, *self.rotate_kv(k, v, cos, sin))
 
+    def qkv_written(self, x: torch.Tensor, cos, sin, cache: torch.Tensor,
+                    rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`qkv` of x [S, T, hidden] with k and v written into cache at rows (`write_cache`), as the
+        named op `dflash::norm_rope_kv_write`: the GPU export's form (`DecoderLayer.step`), one
+        dispatch (kernels/norm_rope/) where IREE took the norm + rope, a copy of v and a scatter.
+        Returns the rotated q [S, T, Hq, hd] and the cache after the write (a new value)."""
+        S, T, _ = x.shape
+        kv = (S, T, self.cfg.num_key_value_heads, self.cfg.head_dim)
+        q, k, v = project(x, (self.q_proj, self.k_proj, self.v_proj))
+        q, k, v = q.view(S, T, self.cfg.num_attention_heads, self.cfg.head_dim), k.view(kv), v.view(kv)
+        ref_q = apply_rope(self.q_norm(q), cos, sin)
+        ref_cache = written_cache(cache, rows, apply_rope(self.k_norm(k), cos, sin), v)
+        return ops.norm_rope_kv_write(q, self.q_norm.weight, k, self.k_norm.weight, cos, sin, self.q_norm.eps, v,
+                                      cache, rows, ref_q, ref_cache)
+
 
 def cache_rows(cache: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | list[torch.Tensor]:
     """The rows of cache [S, L, 2, C, kv_dim]'s flat [S*L*2*C, kv_dim] view that hold the keys and
@@ -286,6 +301,12 @@ def cache_rows(cache: torch.Tensor, positions: torch.Tensor) -> torch.Tensor | l
     return torch.cat([at, at + C], 2).transpose(0, 1).reshape(L, -1)
 
 
+def _cache_values(cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """k, v [S, T, Hkv, hd] as the [S*2T, kv_dim] rows `cache_rows` indexes: per stream T keys, then T values."""
+    S, T, D = cache.shape[0], k.shape[1], cache.shape[-1]
+    return torch.cat([k.reshape(S, T, D), v.reshape(S, T, D)], 1).reshape(S * 2 * T, D).to(cache.dtype)
+
+
 def write_cache(cache: torch.Tensor, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     """Write k, v [S, T, Hkv, hd] into cache [S, L, 2, C, kv_dim] at one layer's `cache_rows` [S*2T], in place.
 
@@ -293,9 +314,13 @@ def write_cache(cache: torch.Tensor, rows: torch.Tensor, k: torch.Tensor, v: tor
     update of a mutable global.
     """
     S, L, _, C, D = cache.shape
-    T = k.shape[1]
-    values = torch.cat([k.reshape(S, T, D), v.reshape(S, T, D)], 1).reshape(S * 2 * T, D)
-    cache.view(S * L * 2 * C, D).index_copy_(0, rows, values.to(cache.dtype))
+    cache.view(S * L * 2 * C, D).index_copy_(0, rows, _cache_values(cache, k, v))
+
+
+def written_cache(cache: torch.Tensor, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """`write_cache` out of place: a new tensor, cache with k and v written (the named op's reference)."""
+    S, L, _, C, D = cache.shape
+    return cache.view(S * L * 2 * C, D).index_copy(0, rows, _cache_values(cache, k, v)).view(cache.shape)
 
 
 def cache_attention(q: torch.Tensor, cache: torch.Tensor, layer: int, read_len: int, positions: torch.Tensor,
@@ -344,12 +369,23 @@ class DecoderLayer(nn.Module):
     def forward(self, x, cos, sin, positions, cache: torch.Tensor | None, layer: int, read_len: int,
                 rows: torch.Tensor | None) -> torch.Tensor:
         """rows: this layer's `cache_rows(cache, positions)[layer]` (None without a cache)."""
-        q, k, v = self.self_attn.qkv(self.input_layernorm(x), cos, sin)
+        return self.step(x, cos, sin, positions, cache, layer, read_len, rows)[0]
+
+    def step(self, x, cos, sin, positions, cache: torch.Tensor | None, layer: int, read_len: int,
+             rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`forward`, and the cache after this layer's write: `cache` itself, written in place, but for
+        the GPU export (the "fused" form), whose write is a named op's result (`Attention.qkv_written`),
+        so that the cache is a value threaded through the layers (`Qwen3.forward`)."""
+        h = self.input_layernorm(x)
+        if cache is not None and self.attention == "fused" and torch.compiler.is_exporting():
+            q, cache = self.self_attn.qkv_written(h, cos, sin, cache, rows)
+            return self.finish(x, cache_attention(q, cache, layer, read_len, positions, self.attention)), cache
+        q, k, v = self.self_attn.qkv(h, cos, sin)
         if cache is None:  # training: attend within the block only
             visible = positions[:, None, :] <= positions[:, :, None]
-            return self.finish(x, attention_fn(self.attention)(q, k, v, visible))
+            return self.finish(x, attention_fn(self.attention)(q, k, v, visible)), None
         write_cache(cache, rows, k, v)
-        return self.finish(x, cache_attention(q, cache, layer, read_len, positions, self.attention))
+        return self.finish(x, cache_attention(q, cache, layer, read_len, positions, self.attention)), cache
 
 
 class Qwen3Body(nn.Module):
@@ -422,9 +458,11 @@ class Qwen3(nn.Module):
         cache = self.kv_cache if use_cache else None
         rows = cache_rows(cache, positions) if use_cache else None
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, positions, cache, i, read_len, None if rows is None else rows[i])
+            x, cache = layer.step(x, cos, sin, positions, cache, i, read_len, None if rows is None else rows[i])
             if i in self.tap_layer_ids:
                 taps[i] = x
+        if cache is not None and cache is not self.kv_cache:  # the GPU export's threaded cache, stored once
+            self.kv_cache.copy_(cache)
         h = self.model.norm(x)
         if self.cfg.num_hidden_layers - 1 in taps:
             # HF's hidden_states[L] is taken after the final norm; drafters are trained on it

@@ -476,3 +476,75 @@ def test_variant_rounding_rule_is_eagers(shape, dtype):
         hi = rnd(rnd(b * c[..., half:]) + rnd(a * s[..., half:]))
         want = partial_rope(zc_rms_norm(x[..., :w.shape[-1]], w, 1e-6), cos, sin)
         assert torch.equal(torch.cat([lo, hi, y[..., R:]], -1).to(dt), want)
+
+
+def test_kv_mlir_and_refusals():
+    """The KV-writing pair's function takes the cache as a tied operand, its rows int64 [S * 2T]."""
+    from dflash_iree.kernels.norm_rope import norm_rope_kv_dispatch
+
+    d = norm_rope_kv_dispatch(1, 3, H, 2, HD, "f32", 1e-6, (1, 4, 2, 64, 2 * HD), "sm_80", name="kv")
+    assert "-> (tensor<1x3x4x16xf32>, %cache)" in d.mlir and "%rows: tensor<6xi64>" in d.mlir
+    assert "@kv_exe::@dflash_norm_rope2_kv[%n](%cnq, %cH, %cHk, %cD, %cT, %cdt, %ceps, %x, %w, %k, %wk," in d.mlir
+    with pytest.raises(DFlashError, match="cache rows of 16 values are not Hk \\* D = 32"):
+        norm_rope_kv_dispatch(1, 3, H, 2, HD, "f32", 1e-6, (1, 4, 2, 64, HD), "sm_80")
+    with pytest.raises(DFlashError, match="no head norm \\+ rope kernel"):
+        norm_rope_kv_dispatch(1, 3, H, 2, HD, "f32", 1e-6, (1, 4, 2, 64, 2 * HD), "host")
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_qwen3_gpu_export_writes_the_cache_in_the_norm_rope(target_dir, tmp_path, dynamic):
+    """The tiny Qwen3 target exported in the GPU ("fused") form: each layer's q and k norm + rope and
+    its KV cache write are one `dflash::norm_rope_kv_write` op, spliced into one `dflash_norm_rope2_kv`
+    dispatch a layer (no index_copy left for IREE's scatter), which compiles for sm_80. (Its bits on a
+    GPU: bench/gpu_check.py, the compiled tiny pair against eager tokens.)"""
+    torch = pytest.importorskip("torch")
+    aot = pytest.importorskip("iree.turbine.aot")
+    ic = pytest.importorskip("iree.compiler")
+    from dflash_iree.config import load_target_config
+    from dflash_iree.export import splice
+    from dflash_iree.export.compile import compile_flags, resolve_arch
+    from dflash_iree.export.qwen3 import Qwen3
+
+    cfg = load_target_config(target_dir)
+    torch.manual_seed(0)
+    target = Qwen3(cfg, 64, attention="fused").eval()
+
+    class Step(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.target = target
+
+        def forward(self, tokens, start):
+            return self.target(tokens, start)[1]
+
+    tokens, start = torch.tensor([[5, 7, 9]]), torch.tensor([4])
+    T = torch.export.Dim("T", min=1, max=32) if dynamic else None
+    aot.export(Step(), args=(tokens, start), dynamic_shapes={"tokens": {1: T}, "start": None} if T else None
+               ).save_mlir(tmp_path / "m.mlir")
+    exported = (tmp_path / "m.mlir").read_text()
+    assert exported.count("torch.dflash.norm_rope_kv_write") == cfg.num_hidden_layers
+    assert "index_copy" not in exported and NORM_ROPE_OP not in exported
+    out, flags, report = splice.splice_file(tmp_path / "m.mlir", tmp_path / "s.mlirbc", "sm_80")
+    text = str(splice.load(out))
+    assert "torch.dflash" not in text and text.count("util.call @dflash_norm_rope_kv_") == cfg.num_hidden_layers
+    assert report["norm_rope"] == [{"S": 1, "T": None if dynamic else 3, "H": [cfg.num_attention_heads,
+                                    cfg.num_key_value_heads], "head_dim": cfg.head_dim, "dtype": "f32",
+                                    "ops": cfg.num_hidden_layers, "kv_cache": True}]
+    extra = [f for f in compile_flags(resolve_arch("sm_80")[0]) if "opt-level" not in f]
+    assert len(ic.compile_file(str(out), extra_args=extra + flags)) > 10000
+
+
+
+def test_written_cache_is_write_cache_out_of_place():
+    """The named op's reference cache (`written_cache`) is `write_cache`'s, without touching its input."""
+    torch = pytest.importorskip("torch")
+    from dflash_iree.export.qwen3 import cache_rows, write_cache, written_cache
+
+    torch.manual_seed(0)
+    cache = torch.randn(1, 3, 2, 16, 2 * HD)
+    k, v = torch.randn(1, 4, 2, HD), torch.randn(1, 4, 2, HD)
+    rows = cache_rows(cache, torch.tensor([[5, 6, 7, 8]]))[1]
+    before, want = cache.clone(), cache.clone()
+    write_cache(want, rows, k, v)
+    got = written_cache(cache, rows, k, v)
+    assert torch.equal(got, want) and torch.equal(cache, before) and not torch.equal(got, before)
