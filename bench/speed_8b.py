@@ -65,14 +65,16 @@ def artifact_dir(arch: str, block: int, variant: str = "") -> Path:
 WITHOUT = ("epilogues", "decode-qkv", "norm-rope-pairs", "row-invariant", "decode-steps")
 
 
-def prepare(arch: str, blocks: list[int], variant: str = "", without: tuple[str, ...] = ()) -> None:
+def prepare(arch: str, blocks: list[int], variant: str = "", without: tuple[str, ...] = (),
+            decode_steps: int | None = None) -> None:
     """Compile the 8B pair as `make compile` does (max_context 4096) for `arch` at each block size into
     .gpu/ (git-ignored; carry it). WITHOUT (with a VARIANT name): "epilogues", o_proj, down_proj and
     gate/up with their elementwise ops on IREE's matmuls (the linears with an epilogue); "decode-qkv",
     decode's q, k and v as IREE's three matvecs; "norm-rope-pairs", q's and k's norm + rope as two
     dispatches; "row-invariant", the lowerings before row invariance (decode's lone weights, gate/up and
     attention on IREE's ops, the 4 MiB weight floor: bench/row_invariance_check.py's "before" build);
-    "decode-steps", no `decode_steps` entry point (one plain step a call)."""
+    "decode-steps", no `decode_steps` entry point (one plain step a call). decode_steps: k of that
+    entry point in place of the arch's (a variant: needs VARIANT)."""
     import functools
 
     from dflash_iree.export import splice
@@ -87,7 +89,8 @@ def prepare(arch: str, blocks: list[int], variant: str = "", without: tuple[str,
     name = resolve_arch(arch)[0].name
     for block in blocks:
         compile_artifacts(arch, TARGET, DRAFTER, artifact_dir(name, block, variant), block_size=block, dtype="bf16",
-                          splices=splices if without else None, decode_steps=0 if "decode-steps" in without else None)
+                          splices=splices if without else None,
+                          decode_steps=0 if "decode-steps" in without else decode_steps)
 
 
 # ---------------------------------------------------------------- on the GPU
@@ -362,6 +365,8 @@ def _prepare_options(p) -> None:
     p.add_argument("--variant", default="", help="build into .gpu/8b-b{block}{variant}-{arch}")
     p.add_argument("--without", nargs="+", default=[], choices=WITHOUT,
                    help="leave these splice options out (a variant: needs --variant)")
+    p.add_argument("--decode-steps", type=int, help="k of the decode_steps entry point in place of the arch's "
+                   "(a variant: needs --variant)")
 
 
 def _run_options(r) -> None:
@@ -382,9 +387,9 @@ def _run_options(r) -> None:
 
 
 def _prepare(args) -> None:
-    if args.without and not args.variant:
-        raise SystemExit("--without builds a variant: give it a --variant name")
-    prepare(args.arch, args.blocks, args.variant, tuple(args.without))
+    if (args.without or args.decode_steps is not None) and not args.variant:
+        raise SystemExit("--without and --decode-steps build a variant: give it a --variant name")
+    prepare(args.arch, args.blocks, args.variant, tuple(args.without), args.decode_steps)
 
 
 def _run(args) -> None:
