@@ -73,8 +73,8 @@ GPU_OPT = ("--iree-global-optimization-opt-level=O3",)
 # shape on the H200 a token took 7.23 ms at k = 1, 6.91 at 2, 6.81 at 4 and 6.66 at 8, same tokens
 # (experiments/2026-12-03-decode-steps/); the module barely grows (the steps share executables), but
 # the export traces each step (the 8B export about a minute longer at 8 than at 4), so greedy only.
-# k = 8 against 4, side by side: experiments/2026-12-06-kv-write/. The HIP HAL is not measured (no
-# AMD GPU here): the same k. The host keeps one step a call.
+# k = 8 against 4 side by side: experiments/2026-12-06-kv-write/run_8b.sh (prepared, not yet run).
+# The HIP HAL is not measured (no AMD GPU here): the same k. The host keeps one step a call.
 GPU_DECODE_STEPS = 8
 
 
