@@ -71,7 +71,7 @@ def prepare(arch: str, blocks: list[int], variant: str = "", without: tuple[str,
     .gpu/ (git-ignored; carry it). WITHOUT (with a VARIANT name): "epilogues", o_proj, down_proj and
     gate/up with their elementwise ops on IREE's matmuls (the linears with an epilogue); "decode-qkv",
     decode's q, k and v as IREE's three matvecs; "norm-rope-pairs", q's and k's norm + rope as two
-    dispatches; "row-invariant", the lowerings before row invariance (decode's lone weights, gate/up and
+    dispatches (the drafter's: the target's take the KV-writing op, one dispatch, either way); "row-invariant", the lowerings before row invariance (decode's lone weights, gate/up and
     attention on IREE's ops, the 4 MiB weight floor: bench/row_invariance_check.py's "before" build);
     "decode-steps", no `decode_steps` entry point (one plain step a call). decode_steps: k of that
     entry point in place of the arch's (a variant: needs VARIANT)."""

@@ -110,11 +110,13 @@ def lower_norm_rope(module, arch: str, pairs: bool = True):
     `dflash_norm_rope_{S}x{T}x{H}x{hd}_{dtype}_{eps bits}` (T: "D" when dynamic) plus the variants'
     suffixes (module docstring). With PAIRS (the default), a layer's q and k ops (`_norm_rope_pairs`:
     the same position tables) become one dispatch, `dflash_norm_rope_{S}x{T}x{H}_{Hk}x{hd}_...`, one
-    launch less a layer and step.
+    launch less a layer and step. Every `dflash::norm_rope_kv_write` op becomes its own dispatch
+    (`_lower_kv_write`; module docstring).
 
-    Returns None when there was no such op, else a `Lowered` (export/splice.py) whose entries are
+    Returns None when there was neither op, else a `Lowered` (export/splice.py) whose entries are
     (S, T, H, head_dim, dtype, count) per shape (H a list [H, Hk] for a pair), and for the variants
-    also zero_centered, rotary_dim and head_stride (X; a list [Xq, Xk] for a pair).
+    also zero_centered, rotary_dim and head_stride (X; a list [Xq, Xk] for a pair); the KV-writing
+    ops' entries have H [Hq, Hk] and kv_cache True.
 
     Raises:
         DFlashError: operands of another rank or of mixed dtypes, parameters not constants, or what
@@ -165,20 +167,24 @@ def lower_norm_rope(module, arch: str, pairs: bool = True):
 
 
 def _lower_kv_write(module, op, arch: str, out: Lowered, counts: dict) -> None:
-    """Replace one `dflash::norm_rope_kv_write` with its dispatch (module docstring). Raises DFlashError
-    for operands of other ranks or dtypes, a cache of another row width, or what `norm_rope_kv_dispatch`
-    refuses (an arch without the kernel)."""
+    """Replace one `dflash::norm_rope_kv_write` with its dispatch (module docstring), named by its shapes
+    and the cache's (`_c{dims}`). Raises DFlashError for operands of other ranks, dtypes or shapes than
+    q's (k and v [S, T, Hk, hd], the cache in q's dtype, rows int64 [S * 2T]), a cache of another row
+    width, or what `norm_rope_kv_dispatch` refuses (an arch without the kernel)."""
     from dflash_iree.kernels.attention import f32_bits
     from dflash_iree.kernels.norm_rope import norm_rope_kv_dispatch
 
     q, wq, k, wk, cos, sin, eps, v, cache, rows, ref_q, ref_cache = op.operands
-    qd, kd, cd = _dims(q), _dims(k), _dims(cache)
-    if len(qd) != 5 or len(kd) != 5 or "?" in qd[:1] + qd[2:4] + kd[2:4] or "?" in cd:
-        raise DFlashError(f"splice: {NORM_ROPE_KV_OP} takes q [S, T, Hq, hd], k [S, T, Hkv, hd] with static S, heads, "
-                          f"hd and a static cache, got {q.type}, {k.type}, {cache.type}")
+    qd, kd, vd, cd, rd = _dims(q), _dims(k), _dims(v), _dims(cache), _dims(rows)
+    if (len(qd) != 5 or len(kd) != 5 or "?" in qd[:1] + qd[2:4] + kd[2:4] or "?" in cd or kd != vd
+            or kd[:2] + kd[3:] != qd[:2] + qd[3:] or cd[-1] != qd[-1] or rd[-1] != "i64" or len(rd) != 2):
+        raise DFlashError(f"splice: {NORM_ROPE_KV_OP} takes q [S, T, Hq, hd], k and v [S, T, Hkv, hd] with static S, "
+                          f"heads and hd, a static cache of their dtype and int64 rows, got {q.type}, {k.type}, "
+                          f"{v.type}, {cache.type}, {rows.type}")
     S, T, H, D, dtype = int(qd[0]), None if qd[1] == "?" else int(qd[1]), int(qd[2]), int(qd[3]), qd[4]
     Hk, e = int(kd[2]), constant_float(eps)
-    name = f"dflash_norm_rope_kv_{S}x{'D' if T is None else T}x{H}_{Hk}x{D}_{dtype}_{f32_bits(e):08x}"
+    name = (f"dflash_norm_rope_kv_{S}x{'D' if T is None else T}x{H}_{Hk}x{D}_{dtype}_{f32_bits(e):08x}"
+            f"_c{'x'.join(cd[:-1])}")
     d = norm_rope_kv_dispatch(S, T, H, Hk, D, dtype, e, [int(c) for c in cd[:-1]], arch, name=name)
     operands = [q, wq, k, wk, cos, sin, v, rows, cache]
     add_functions(module, d.mlir)

@@ -6,7 +6,8 @@ Parameter names equal the Hugging Face safetensors keys (`model.layers.0.self_at
 One forward runs a block of T new tokens per stream at absolute positions [start, start + T):
 - the KV cache is a non-persistent buffer [S, L, 2, max_context, kv_dim] (S streams), written by
   one `index_copy_` per layer on a flat view (per-slice writes do not compile in IREE, see
-  shared/probes/kv-cache-global) and rolled back by keeping the length on the host;
+  shared/probes/kv-cache-global), or in the GPU export by the norm + rope's named op, the cache
+  threaded through the layers (`DecoderLayer.step`), and rolled back by keeping the length on the host;
 - attention reads only the first `read_len` cache rows, masked to key position <= query position;
 - it returns the target's chosen token per row (argmax or keyed sample, export/sampling.py), the
   logits, and the taps for the drafter: HF's `hidden_states[lid + 1]` for each `lid` in
@@ -368,7 +369,12 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, cos, sin, positions, cache: torch.Tensor | None, layer: int, read_len: int,
                 rows: torch.Tensor | None) -> torch.Tensor:
-        """rows: this layer's `cache_rows(cache, positions)[layer]` (None without a cache)."""
+        """rows: this layer's `cache_rows(cache, positions)[layer]` (None without a cache).
+
+        Raises RuntimeError when exported in the "fused" form with a cache: that write is the
+        result `step` returns, which this would drop; call `step` and thread the cache."""
+        if cache is not None and self.attention == "fused" and torch.compiler.is_exporting():
+            raise RuntimeError("DecoderLayer.forward would drop the exported KV cache write: use step()")
         return self.step(x, cos, sin, positions, cache, layer, read_len, rows)[0]
 
     def step(self, x, cos, sin, positions, cache: torch.Tensor | None, layer: int, read_len: int,
@@ -408,8 +414,9 @@ class Qwen3(nn.Module):
         streams: leading stream dimension S of the cache (1 for now).
         dtype: parameter and cache dtype (torch.bfloat16, float16, float32).
         device: "meta" builds the structure without memory (export of large shapes).
-        attention: "fused" (`attend`, and when exported the norm + rope custom op of `norm_rope`,
-            for GPUs) or "matmul" (`attend_matmul`, for CPUs); the same function either way.
+        attention: "fused" (`attend`, and when exported the norm + rope and KV cache write custom op
+            of `Attention.qkv_written`, for GPUs) or "matmul" (`attend_matmul`, for CPUs); the same
+            function either way.
     """
 
     def __init__(self, cfg: TargetConfig, max_context: int, tap_layer_ids=(), streams: int = 1,

@@ -18,7 +18,8 @@ The lowerings (`LOWERINGS`, run in this order; each `(module, arch) -> Lowered |
 - "attention": export/lower_attention.py, `dflash::block_attention` -> the block attention over the
   KV cache (kernels/attention/, CUDA and gfx), or IREE's attention.
 - "norm_rope": export/lower_norm_rope.py, `dflash::head_norm_rope` -> the head norm + rope
-  (kernels/norm_rope/, every GPU arch; a layer's q and k as one dispatch).
+  (kernels/norm_rope/, every GPU arch; a layer's q and k as one dispatch), and
+  `dflash::norm_rope_kv_write` -> the same with the layer's KV cache write.
 - "gdn": export/lower_gdn.py, `dflash::gated_delta_rule` -> the Gated DeltaNet step (kernels/gdn/,
   every GPU arch; a call's GDN layers all on the kernel or all on IREE's lowering of the eager rule).
 

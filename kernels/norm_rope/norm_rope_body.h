@@ -18,7 +18,8 @@
  *   y    = round(x * rsqrt(sum(x^2) / D + eps) * (1 + weight))   zero-centred: products in f32, one rounding
  *   out  = the rope above over y[:R] (rot over R: [-y[R/2:R], y[:R/2]], cos and sin [rows, R]), y[R:] as it is
  *
- * One workgroup of NR_T threads per (row, head): workgroup id = r * H + h. Thread t takes the pairs
+ * One workgroup of NR_T threads per (row, head): workgroup id = r * H + h (the pair and the KV-writing
+ * entry points put k's heads, and v's, after q's: nr_workgroup_kv). Thread t takes the pairs
  * (i, i + R/2) for i = t, t + NR_T, ... < R/2 (R = D for Qwen3), then the dims R + t, R + t + NR_T, ...
  * < D. Needs the GPU primitives of gpu.h.
  */
@@ -130,7 +131,8 @@ KG_FN float nr_norm(const void* x, long xi, const void* w, int i, float r, int z
  * would copy it out in a dispatch of its own), into out [rows, H, D]; cos and sin [rows, R]. The first
  * R dims rotate (pairs (i, i + R/2)), the D - R after them take the norm only (export/qwen35.py
  * `partial_rope`); zc as nr_norm. With zc = 0, R = XS = D it computes nr_workgroup's bits;
- * nr_workgroup stays as it was so that Qwen3's entry points keep the code checked on the device. */
+ * nr_workgroup keeps its own arithmetic (nr_head) so that Qwen3's entry points keep the arithmetic
+ * checked on the device. */
 KG_FN void nr_workgroup_v(const void* x, const void* w, const void* cs, const void* sn, void* out, int H, int D,
                           int R, int XS, int zc, int dt, float eps, int wg, int tid) {
   KG_SHARED float red[NR_T];
