@@ -485,17 +485,18 @@ def test_kv_mlir_and_refusals():
     d = norm_rope_kv_dispatch(1, 3, H, 2, HD, "f32", 1e-6, (1, 4, 2, 64, 2 * HD), "sm_80", name="kv")
     assert "-> (tensor<1x3x4x16xf32>, %cache)" in d.mlir and "%rows: tensor<6xi64>" in d.mlir
     assert "@kv_exe::@dflash_norm_rope2_kv[%n](%cnq, %cH, %cHk, %cD, %cT, %cdt, %ceps, %x, %w, %k, %wk," in d.mlir
-    with pytest.raises(DFlashError, match="cache rows of 16 values are not Hk \\* D = 32"):
+    with pytest.raises(DFlashError, match="does not have rows of Hk \\* D = 32 values"):
         norm_rope_kv_dispatch(1, 3, H, 2, HD, "f32", 1e-6, (1, 4, 2, 64, HD), "sm_80")
     with pytest.raises(DFlashError, match="no head norm \\+ rope kernel"):
         norm_rope_kv_dispatch(1, 3, H, 2, HD, "f32", 1e-6, (1, 4, 2, 64, 2 * HD), "host")
 
 
-@pytest.mark.parametrize("dynamic", [False, True])
-def test_qwen3_gpu_export_writes_the_cache_in_the_norm_rope(target_dir, tmp_path, dynamic):
+@pytest.mark.parametrize("dynamic,streams", [(False, 1), (True, 1), (False, 2)])
+def test_qwen3_gpu_export_writes_the_cache_in_the_norm_rope(target_dir, tmp_path, dynamic, streams):
     """The tiny Qwen3 target exported in the GPU ("fused") form: each layer's q and k norm + rope and
     its KV cache write are one `dflash::norm_rope_kv_write` op, spliced into one `dflash_norm_rope2_kv`
-    dispatch a layer (no index_copy left for IREE's scatter), which compiles for sm_80. (Its bits on a
+    dispatch a layer (no index_copy left for IREE's scatter), which compiles for sm_80; with two streams
+    too (each layer's rows a vector of S * 2T). (Its bits on a
     GPU: bench/gpu_check.py, the compiled tiny pair against eager tokens.)"""
     torch = pytest.importorskip("torch")
     aot = pytest.importorskip("iree.turbine.aot")
@@ -507,7 +508,7 @@ def test_qwen3_gpu_export_writes_the_cache_in_the_norm_rope(target_dir, tmp_path
 
     cfg = load_target_config(target_dir)
     torch.manual_seed(0)
-    target = Qwen3(cfg, 64, attention="fused").eval()
+    target = Qwen3(cfg, 64, streams=streams, attention="fused").eval()
 
     class Step(torch.nn.Module):
         def __init__(self):
@@ -517,7 +518,7 @@ def test_qwen3_gpu_export_writes_the_cache_in_the_norm_rope(target_dir, tmp_path
         def forward(self, tokens, start):
             return self.target(tokens, start)[1]
 
-    tokens, start = torch.tensor([[5, 7, 9]]), torch.tensor([4])
+    tokens, start = torch.tensor([[5, 7, 9]] * streams), torch.tensor([4] * streams)
     T = torch.export.Dim("T", min=1, max=32) if dynamic else None
     aot.export(Step(), args=(tokens, start), dynamic_shapes={"tokens": {1: T}, "start": None} if T else None
                ).save_mlir(tmp_path / "m.mlir")
@@ -527,7 +528,7 @@ def test_qwen3_gpu_export_writes_the_cache_in_the_norm_rope(target_dir, tmp_path
     out, flags, report = splice.splice_file(tmp_path / "m.mlir", tmp_path / "s.mlirbc", "sm_80")
     text = str(splice.load(out))
     assert "torch.dflash" not in text and text.count("util.call @dflash_norm_rope_kv_") == cfg.num_hidden_layers
-    assert report["norm_rope"] == [{"S": 1, "T": None if dynamic else 3, "H": [cfg.num_attention_heads,
+    assert report["norm_rope"] == [{"S": streams, "T": None if dynamic else 3, "H": [cfg.num_attention_heads,
                                     cfg.num_key_value_heads], "head_dim": cfg.head_dim, "dtype": "f32",
                                     "ops": cfg.num_hidden_layers, "kv_cache": True}]
     extra = [f for f in compile_flags(resolve_arch("sm_80")[0]) if "opt-level" not in f]

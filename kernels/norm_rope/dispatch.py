@@ -208,9 +208,9 @@ def norm_rope_kv_dispatch(S: int, T: int | None, H: int, Hk: int, D: int, dtype:
     Raises DFlashError as `norm_rope_dispatch` does, and for a cache of another row width.
     """
     cache_shape = tuple(int(c) for c in cache_shape)
-    if cache_shape[-1] != Hk * D:
-        raise DFlashError(f"head norm + rope + KV cache: cache rows of {cache_shape[-1]} values are not Hk * D = {Hk * D}")
-    if len(cache_shape) < 2 or math.prod(cache_shape[:-1]) >= 2 ** 31:
+    if len(cache_shape) < 2 or cache_shape[-1] != Hk * D:
+        raise DFlashError(f"head norm + rope + KV cache: cache {cache_shape} does not have rows of Hk * D = {Hk * D} values")
+    if math.prod(cache_shape[:-1]) >= 2 ** 31:
         raise DFlashError(f"head norm + rope + KV cache: cache {cache_shape} has too many rows")
     d = norm_rope_dispatch(S, T, H, D, dtype, eps, arch, name=name, Hk=Hk)
     dyn = "{%t}" if T is None else ""
