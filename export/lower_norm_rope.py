@@ -11,7 +11,7 @@ an arch without it (the host) is refused.
 
 `dflash::norm_rope_kv_write` (a Qwen3 layer's q and k with the KV cache write, export/qwen3.py
 `Attention.qkv_written`) becomes one dispatch too, `dflash_norm_rope_kv_{S}x{T}x{Hq}_{Hk}x{hd}_{dtype}_{eps
-bits}`, that writes k's result and v into the cache in place; its references are dropped. Every GPU
+bits}_c{cache dims}`, that writes k's result and v into the cache in place; its references are dropped. Every GPU
 arch has it, as the pair's; the host is refused the same way.
 """
 
