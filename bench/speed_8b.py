@@ -246,8 +246,9 @@ def _iree_steps(folder: Path, indexes: dict, device, rows: int, profile: bool = 
     return out
 
 
-def _torch_decode(torch, target, mode: str | None, rows: int) -> dict:
-    """tok/s of 64 chained greedy decode steps of our Qwen3 module, eager or torch.compile(mode)."""
+def _torch_decode(torch, target, mode: str | None, rows: int, profile: bool = False) -> dict:
+    """tok/s of 64 chained greedy decode steps of our Qwen3 module, eager or torch.compile(mode);
+    with profile, its kernel times a step too (CUPTI, `cuda_profile`)."""
     target.kv_cache.zero_()
 
     def step(tok, start):
@@ -278,8 +279,16 @@ def _torch_decode(torch, target, mode: str | None, rows: int) -> dict:
         torch.cuda.synchronize()
         runs.append((time.perf_counter() - t0) * 1e3 / STEPS)
     ms = statistics.median(runs)
-    return {"mode": mode or "eager", "step_ms": round(ms, 4), "tok_per_s": round(1e3 / ms, 1),
-            "runs_ms": [round(r, 4) for r in runs], "compile_and_warmup_s": round(warm_s, 1)}
+    out = {"mode": mode or "eager", "step_ms": round(ms, 4), "tok_per_s": round(1e3 / ms, 1),
+           "runs_ms": [round(r, 4) for r in runs], "compile_and_warmup_s": round(warm_s, 1)}
+    if profile:
+        box = [tok]
+
+        def step_once():
+            box[0] = fn(box[0], starts[0])
+
+        out["profile"] = cuda_profile(step_once, ms, 16, 25)
+    return out
 
 
 def run(out_json: Path, arch: str, peers: list, runtime_flags: list[str], blocks: list[int], variant: str = "",
@@ -326,7 +335,7 @@ def run(out_json: Path, arch: str, peers: list, runtime_flags: list[str], blocks
     if peers:
         for mode in peers:
             try:
-                r = _torch_decode(torch, target, mode, rows)
+                r = _torch_decode(torch, target, mode, rows, profile)
             except Exception as e:  # a peer that fails is reported, not fatal
                 r = {"mode": mode or "eager", "error": f"{type(e).__name__}: {str(e)[:300]}"}
             result["peers"].append(r)
