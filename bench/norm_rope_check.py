@@ -21,6 +21,13 @@ float32, where no rounding to a narrower dtype absorbs it, a kernel-like scale, 
 sum order, puts them up to 2.55 eps |y| from eager's rsqrt on this torch:
 experiments/2026-12-05-hybrid-kernels-gpu/README.md); anything more is a bug. (Measured: bf16 and f16 bit-equal but 1 element in about 500k at 1 ulp; f32 is where the
 cancellation shows.)
+
+The KV cases (`norm_rope_kv_dispatch`, names starting `kv_`: the Qwen3-8B layer's decode, verify
+and a dynamic token count, and tiny float32 with 2 streams) also write k's result and v into layer 1
+of a KV cache [S, 2, 2, C, Hk * hd] filled with seeded values, at the rows export/qwen3.py
+`cache_rows` gives T positions: q is checked as above; in the cache, k's rows as k's result is, and
+every other element (v's rows, the rows not written, layer 0) must equal export/qwen3.py
+`written_cache`'s bit for bit.
 """
 
 from __future__ import annotations
@@ -47,6 +54,9 @@ CASES = [(1, 1, 32, 128, "bf16", 1e-6), (1, 1, 8, 128, "bf16", 1e-6), (1, 16, 32
          # the demo hybrid target (6 q, 2 kv heads, hd 64, 16 rotated): decode, verify, f32, f16
          (1, 1, 6, 64, "bf16", 1e-6, 2, (16, 128)), (1, 8, 6, 64, "bf16", 1e-6, 2, (16, 128)),
          (1, 8, 6, 64, "f32", 1e-6, 2, (16, 128)), (1, 5, 6, 64, "f16", 1e-6, 2, (16, 128))]
+# (S, T, H, Hk, head_dim, dtype, eps, C): the KV-writing dispatch, cache [S, 2, 2, C, Hk * head_dim], layer 1 written
+KV_CASES = [(1, 1, 32, 8, 128, "bf16", 1e-6, 608), (1, 16, 32, 8, 128, "bf16", 1e-6, 608),
+            (1, None, 32, 8, 128, "bf16", 1e-6, 608), (2, 8, 4, 2, 16, "f32", 1e-6, 64)]
 DYNAMIC_T = 37
 THETA = {256: 1e7, 64: 1e4}  # the variants' rope_theta by head_dim: Qwen3.5-27B's, the demo target's
 
@@ -68,12 +78,17 @@ def _name(case) -> str:
     return f"{S}x{'D' if T is None else T}x{'_'.join(map(str, _heads(case)))}x{D}_{dtype}{tail}"
 
 
+def _kv_name(case) -> str:
+    S, T, H, Hk, D, dtype, _, C = case
+    return f"kv_{S}x{'D' if T is None else T}x{H}_{Hk}x{D}_{dtype}_c{C}"
+
+
 def prepare(arch: str) -> None:
     """Compile one standalone module per case for ARCH into .gpu/norm_rope/."""
     import iree.compiler as ic
 
     from dflash_iree.export.compile import compile_flags, resolve_arch
-    from dflash_iree.kernels.norm_rope import norm_rope_dispatch, standalone_module
+    from dflash_iree.kernels.norm_rope import norm_rope_dispatch, norm_rope_kv_dispatch, standalone_module
 
     WORK.mkdir(parents=True, exist_ok=True)
     flags = compile_flags(resolve_arch(arch)[0])
@@ -83,7 +98,11 @@ def prepare(arch: str) -> None:
         kw = {} if v is None else {"zero_centered": True, "rotary_dim": v[0], "x_stride": v[1]}
         d = norm_rope_dispatch(*case[:6], arch, Hk=Hk, **kw)
         ic.compile_str(standalone_module(d), extra_args=flags + d.flags, output_file=str(WORK / f"{_name(case)}.vmfb"))
-    (WORK / "cases.json").write_text(json.dumps({"arch": arch, "cases": CASES}) + "\n")
+    for case in KV_CASES:
+        S, T, H, Hk, D, dtype, eps, C = case
+        d = norm_rope_kv_dispatch(S, T, H, Hk, D, dtype, eps, (S, 2, 2, C, Hk * D), arch)
+        ic.compile_str(standalone_module(d), extra_args=flags + d.flags, output_file=str(WORK / f"{_kv_name(case)}.vmfb"))
+    (WORK / "cases.json").write_text(json.dumps({"arch": arch, "cases": CASES, "kv_cases": KV_CASES}) + "\n")
 
 
 def _inputs(case, seed: int):
@@ -126,6 +145,87 @@ def _eager(case, x, w, cos, sin):
     return y, partial_rope(y, cos, sin)
 
 
+def _want(case, x, w, cos, sin):
+    """The eager result of the case's ops on x, and each element's bound (the module docstring)."""
+    import torch
+
+    y, want = _eager(case, x, w, cos, sin)
+    R = cos.shape[-1]
+    half = R // 2
+    swapped = torch.cat([y[..., half:R], y[..., :half]], -1).float()
+    bound = 4 * torch.finfo(y.dtype).eps * (y[..., :R].float().abs() * cos[:, :, None].float().abs()
+                                             + swapped.abs() * sin[:, :, None].float().abs())
+    return want, torch.cat([bound, 4 * torch.finfo(y.dtype).eps * y[..., R:].float().abs()], -1)  # passed through
+
+
+def _host(out, dtype):
+    """An IREE result as a torch tensor of dtype (the bits moved as integers: NumPy has no bf16)."""
+    import numpy as np
+    import torch
+
+    got = np.asarray(out.to_host())
+    return torch.from_numpy(got.view({2: np.int16, 4: np.int32}[got.itemsize]).copy()).view(dtype)
+
+
+def _count(row: dict, got, want, bound) -> None:
+    """Add got's elements against want's to row: bit-equal, the largest ulp distance, and those past bound."""
+    ulp = (_ordered(got) - _ordered(want)).abs()
+    row["elements"] += ulp.numel()
+    row["bit_equal"] += int((ulp == 0).sum())
+    row["max_ulp"] = max(row["max_ulp"], int(ulp.max()))
+    row["outside_bound"] += int(((ulp > 1) & ((got.float() - want.float()).abs() > bound)).sum())
+
+
+def _run_kv(case, device, np_dtype) -> dict:
+    """One KV case on the GPU (the module docstring): q's counts, and the cache's (k's rows bounded as
+    q's elements are, every other element bit for bit against `written_cache`)."""
+    import iree.runtime as rt
+
+    instance = rt.VmInstance()
+    vm = rt.VmModule.mmap(instance, str(WORK / f"{_kv_name(case)}.vmfb"))
+    ctx = rt.VmContext(instance, modules=[rt.create_hal_module(instance, device), vm])
+    invoke = rt.FunctionInvoker(ctx, device, vm.lookup_function("norm_rope"))
+    return kv_check(case, lambda *host: invoke(*[rt.asdevicearray(device, h) for h in host]), np_dtype)
+
+
+def kv_check(case, fn, np_dtype: dict) -> dict:
+    """`_run_kv`'s counts with fn(*host arrays) -> (q out, cache out) standing for the compiled
+    function (each result with `to_host()`); np_dtype maps the case's dtype to a NumPy one."""
+    import torch
+
+    from dflash_iree.export.qwen3 import cache_rows, written_cache
+
+    S, T, H, Hk, D, dtype, eps, C = case
+    T = DYNAMIC_T if T is None else T
+    row = {"case": _kv_name(case), "elements": 0, "bit_equal": 0, "max_ulp": 0, "outside_bound": 0,
+           "cache_elements": 0, "cache_not_equal": 0}
+    pair = (S, T, H, D, dtype, eps, Hk)
+    for seed in range(4):
+        ((q, wq), (k, wk)), cos, sin = _inputs(pair, seed)  # cos, sin of other positions: the kernel takes any
+        g = torch.Generator().manual_seed(100 + seed)
+        v = torch.randn(S, T, Hk, D, generator=g).to(q.dtype)
+        cache = torch.randn(S, 2, 2, C, Hk * D, generator=g).to(q.dtype)
+        start = int(torch.randint(0, C - T + 1, (1,), generator=g))
+        positions = torch.arange(start, start + T).expand(S, T)
+        rows = cache_rows(cache, positions)[1].contiguous()
+        bits = {2: torch.int16, 4: torch.int32}[q.element_size()]
+        host = [t.contiguous().view(bits).numpy().view(np_dtype[dtype]) for t in (q, wq, k, wk, cos, sin, v)]
+        outs = fn(*host, rows.numpy(), cache.view(bits).numpy().view(np_dtype[dtype]))
+        q_want, q_bound = _want(pair, q, wq, cos, sin)
+        _count(row, _host(outs[0], q.dtype), q_want, q_bound)
+        k_want, k_bound = _want(pair, k, wk, cos, sin)
+        want = written_cache(cache, rows, k_want, v)
+        zeros = torch.zeros_like(cache, dtype=torch.float32)
+        bound = written_cache(zeros, rows, k_bound, torch.zeros_like(v, dtype=torch.float32))
+        k_rows = written_cache(zeros, rows, torch.ones_like(k_bound), torch.zeros_like(v, dtype=torch.float32)) != 0
+        got = _host(outs[1], q.dtype)
+        _count(row, got, want, bound)
+        row["cache_elements"] += got.numel()
+        row["cache_not_equal"] += int(((_ordered(got) != _ordered(want)) & ~k_rows).sum())
+    row["ok"] = row["outside_bound"] == 0 and row["cache_not_equal"] == 0
+    return row
+
+
 def _ordered(t):
     """The bits of a float tensor as integers in value order (sign-magnitude), for ulp distances."""
     import torch
@@ -160,21 +260,13 @@ def run(out_json: str) -> dict:
             outs = fn(*[rt.asdevicearray(device, h) for h in host])
             outs = outs if isinstance(outs, (tuple, list)) else [outs]
             for (x, w), out in zip(xs, outs):
-                y, want = _eager(case, x, w, cos, sin)
-                R = cos.shape[-1]
-                half = R // 2
-                swapped = torch.cat([y[..., half:R], y[..., :half]], -1).float()
-                bound = 4 * torch.finfo(y.dtype).eps * (y[..., :R].float().abs() * cos[:, :, None].float().abs()
-                                                         + swapped.abs() * sin[:, :, None].float().abs())
-                bound = torch.cat([bound, 4 * torch.finfo(y.dtype).eps * y[..., R:].float().abs()], -1)  # passed through
-                got_np = np.asarray(out.to_host())
-                got = torch.from_numpy(got_np.view({2: np.int16, 4: np.int32}[got_np.itemsize]).copy()).view(want.dtype)
-                ulp = (_ordered(got) - _ordered(want)).abs()
-                row["elements"] += ulp.numel()
-                row["bit_equal"] += int((ulp == 0).sum())
-                row["max_ulp"] = max(row["max_ulp"], int(ulp.max()))
-                row["outside_bound"] += int(((ulp > 1) & ((got.float() - want.float()).abs() > bound)).sum())
+                want, bound = _want(case, x, w, cos, sin)
+                _count(row, _host(out, want.dtype), want, bound)
         row["ok"] = row["outside_bound"] == 0
+        result["cases"].append(row)
+        print(row, flush=True)
+    for case in map(tuple, meta.get("kv_cases", [])):
+        row = _run_kv(case, device, np_dtype)
         result["cases"].append(row)
         print(row, flush=True)
     result["ok"] = all(r["ok"] for r in result["cases"])

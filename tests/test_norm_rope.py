@@ -491,6 +491,58 @@ def test_kv_mlir_and_refusals():
         norm_rope_kv_dispatch(1, 3, H, 2, HD, "f32", 1e-6, (1, 4, 2, 64, 2 * HD), "host")
 
 
+def test_kv_standalone_module_compiles():
+    """The check module of the KV-writing pair (bench/norm_rope_check.py's KV cases) takes q, wq, k, wk,
+    cos, sin, v, rows and the cache and returns q's result and the cache, and compiles for sm_80."""
+    import iree.compiler as ic
+
+    from dflash_iree.export.compile import compile_flags, resolve_arch
+    from dflash_iree.kernels.norm_rope import norm_rope_kv_dispatch, standalone_module
+
+    d = norm_rope_kv_dispatch(1, None, H, 2, HD, "f32", 1e-6, (1, 2, 2, 64, 2 * HD), "sm_80")
+    assert d.operand_types[6:] == ["tensor<1x?x2x16xf32>", "tensor<?xi64>", "tensor<1x2x2x64x32xf32>"]
+    assert d.result_types == ["tensor<1x?x4x16xf32>", "tensor<1x2x2x64x32xf32>"]
+    text = standalone_module(d)
+    assert "util.func public @norm_rope(%a0: tensor<1x?x4x16xf32>" in text and "%a8: tensor<1x2x2x64x32xf32>" in text
+    assert ic.compile_str(text, extra_args=compile_flags(resolve_arch("sm_80")[0]) + d.flags)
+
+
+def test_kv_check_fails_a_misplaced_write(monkeypatch):
+    """bench/norm_rope_check.py's KV comparison passes the eager ops' own results and fails them with
+    the write one row off (a planted control: the check can fail)."""
+    from pathlib import Path
+
+    import ml_dtypes
+    import numpy as np
+    import torch
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench"))
+    import norm_rope_check
+
+    from dflash_iree.export.qwen3 import apply_rope, rms_norm, written_cache
+
+    class Result:  # an IREE result's `to_host`
+        def __init__(self, a):
+            self.a = a
+
+        def to_host(self):
+            return self.a
+
+    def eager(shift: int):
+        def fn(q, wq, k, wk, cos, sin, v, rows, cache):
+            q, wq, k, wk, cos, sin, v, cache = (torch.from_numpy(a.copy()) for a in (q, wq, k, wk, cos, sin, v, cache))
+            k_out = apply_rope(rms_norm(k, wk, 1e-6), cos, sin)
+            out = written_cache(cache, (torch.from_numpy(rows) + shift) % (cache.numel() // cache.shape[-1]), k_out, v)
+            return Result(apply_rope(rms_norm(q, wq, 1e-6), cos, sin).numpy()), Result(out.numpy())
+        return fn
+
+    np_dtype = {"f32": np.float32, "bf16": ml_dtypes.bfloat16}
+    case = (2, 3, 4, 2, 16, "f32", 1e-6, 16)
+    assert norm_rope_check.kv_check(case, eager(0), np_dtype)["ok"]
+    broken = norm_rope_check.kv_check(case, eager(1), np_dtype)
+    assert not broken["ok"] and broken["cache_not_equal"] > 0
+
+
 @pytest.mark.parametrize("dynamic,streams", [(False, 1), (True, 1), (False, 2)])
 def test_qwen3_gpu_export_writes_the_cache_in_the_norm_rope(target_dir, tmp_path, dynamic, streams):
     """The tiny Qwen3 target exported in the GPU ("fused") form: each layer's q and k norm + rope and

@@ -99,16 +99,27 @@ class NormRopeDispatch:
         return _types(self.S, self.T, self.H, self.D, self.dtype, self.R)
 
     @property
+    def cache_type(self) -> str | None:
+        """The KV cache's builtin type (`norm_rope_kv_dispatch`), else None."""
+        return None if self.cache_shape is None else f"tensor<{'x'.join(map(str, self.cache_shape))}x{self.dtype}>"
+
+    @property
     def operand_types(self) -> list[str]:
-        """The function's operand types in order: x, w (q then k with Hk), cos, sin."""
+        """The function's operand types in order: x, w (q then k with Hk), cos, sin; with the KV cache
+        write, then v, rows and the cache."""
         _, w_t, c_t = self.types
         x_t = _types(self.S, self.T, self.H, self.x_stride or self.D, self.dtype)[0]
         k = [] if self.Hk is None else [_types(self.S, self.T, self.Hk, self.k_stride or self.D, self.dtype)[0], w_t]
-        return [x_t, w_t, *k, c_t, c_t]
+        if self.cache_shape is None:
+            return [x_t, w_t, *k, c_t, c_t]
+        rows_t = f"tensor<{'?' if self.T is None else self.S * 2 * self.T}xi64>"
+        return [x_t, w_t, *k, c_t, c_t, k[0], rows_t, self.cache_type]
 
     @property
     def result_types(self) -> list[str]:
-        """The function's result types: x's, then k's with Hk."""
+        """The function's result types: x's, then k's with Hk, or the cache with its write."""
+        if self.cache_shape is not None:
+            return [self.types[0], self.cache_type]
         return [self.types[0]] + ([] if self.Hk is None else [_types(self.S, self.T, self.Hk, self.D, self.dtype)[0]])
 
 
@@ -121,6 +132,27 @@ def _types(S: int, T: int | None, H: int, D: int, dtype: str, R: int | None = No
 def object_file(arch: str) -> Path:
     """Committed object for ARCH: PTX for sm_*, a code object for gfx*. Raises DFlashError for another arch."""
     return gpu_object("norm_rope", arch, ARCHS, "head norm + rope")
+
+
+def _checked(S, T, H, D, dtype, eps, arch, name, Hk=None, zero_centered=False, rotary_dim=None, x_stride=None,
+             k_stride=None) -> NormRopeDispatch:
+    """The dispatch's fields, without its text, after `norm_rope_dispatch`'s checks (it raises what that does)."""
+    obj = object_file(arch)
+    if D % 2 or D < 2:
+        raise DFlashError(f"head norm + rope: head_dim {D} must be even (the rope rotates halves)")
+    if rotary_dim is not None and (rotary_dim % 2 or not 2 <= rotary_dim <= D):
+        raise DFlashError(f"head norm + rope: rotary_dim {rotary_dim} must be even and in 2..{D} (head_dim)")
+    for what, stride in (("x", x_stride), ("k", k_stride)):
+        if stride is not None and stride < D:
+            raise DFlashError(f"head norm + rope: {what}'s {stride} values a head are fewer than head_dim {D}")
+    if dtype not in DTYPES:
+        raise DFlashError(f"head norm + rope: dtype {dtype} is not one of {', '.join(DTYPES)}")
+    if not obj.is_file():
+        raise DFlashError(f"{obj} is missing: run `make kernels` to build the kernel objects")
+    return NormRopeDispatch(S=S, T=T, H=H, D=D, dtype=dtype, eps=eps, arch=arch, name=name, mlir="",
+                            flags=search_flags(), objects=[obj], Hk=Hk, zero_centered=zero_centered,
+                            rotary_dim=None if rotary_dim == D else rotary_dim, x_stride=x_stride,
+                            k_stride=None if Hk is None else k_stride)
 
 
 def norm_rope_dispatch(S: int, T: int | None, H: int, D: int, dtype: str, eps: float, arch: str, *,
@@ -142,22 +174,8 @@ def norm_rope_dispatch(S: int, T: int | None, H: int, D: int, dtype: str, eps: f
     Raises DFlashError for an arch without the kernel, an odd head_dim, an odd or out-of-range
     rotary_dim, a stride below head_dim, another dtype, or a missing object.
     """
-    obj = object_file(arch)
-    if D % 2 or D < 2:
-        raise DFlashError(f"head norm + rope: head_dim {D} must be even (the rope rotates halves)")
-    if rotary_dim is not None and (rotary_dim % 2 or not 2 <= rotary_dim <= D):
-        raise DFlashError(f"head norm + rope: rotary_dim {rotary_dim} must be even and in 2..{D} (head_dim)")
-    for what, stride in (("x", x_stride), ("k", k_stride)):
-        if stride is not None and stride < D:
-            raise DFlashError(f"head norm + rope: {what}'s {stride} values a head are fewer than head_dim {D}")
-    if dtype not in DTYPES:
-        raise DFlashError(f"head norm + rope: dtype {dtype} is not one of {', '.join(DTYPES)}")
-    if not obj.is_file():
-        raise DFlashError(f"{obj} is missing: run `make kernels` to build the kernel objects")
-    d = NormRopeDispatch(S=S, T=T, H=H, D=D, dtype=dtype, eps=eps, arch=arch, name=name, mlir="",
-                         flags=search_flags(), objects=[obj], Hk=Hk, zero_centered=zero_centered,
-                         rotary_dim=None if rotary_dim == D else rotary_dim, x_stride=x_stride,
-                         k_stride=None if Hk is None else k_stride)
+    d = _checked(S, T, H, D, dtype, eps, arch, name, Hk, zero_centered, rotary_dim, x_stride, k_stride)
+    obj = d.objects[0]
     heads = H + (Hk or 0)
     dyn = "{%t}" if T is None else ""
     if d.variant:  # norm_rope_gpu.cu's push constants of the `_v` entry points, in order
@@ -203,8 +221,8 @@ def norm_rope_kv_dispatch(S: int, T: int | None, H: int, Hk: int, D: int, dtype:
 
     T: the token count, or None when it is dynamic. dtype: 'f32', 'bf16' or 'f16' (q, k, v, the
     weights, cos, sin and the cache alike). cache_shape: the cache's static shape, its last dim Hk * D
-    and fewer than 2**31 rows. Returns a NormRopeDispatch with Hk set (its `operand_types` and
-    `result_types` are the pair's; the function's are in the module docstring).
+    and fewer than 2**31 rows. Returns a NormRopeDispatch with Hk and cache_shape set (its
+    `operand_types` and `result_types` are the function's, as in the module docstring).
     Raises DFlashError as `norm_rope_dispatch` does, and for a cache of another row width.
     """
     cache_shape = tuple(int(c) for c in cache_shape)
@@ -212,11 +230,10 @@ def norm_rope_kv_dispatch(S: int, T: int | None, H: int, Hk: int, D: int, dtype:
         raise DFlashError(f"head norm + rope + KV cache: cache {cache_shape} does not have rows of Hk * D = {Hk * D} values")
     if math.prod(cache_shape[:-1]) >= 2 ** 31:
         raise DFlashError(f"head norm + rope + KV cache: cache {cache_shape} has too many rows")
-    d = norm_rope_dispatch(S, T, H, D, dtype, eps, arch, name=name, Hk=Hk)
+    d = replace(_checked(S, T, H, D, dtype, eps, arch, name, Hk), cache_shape=cache_shape)
     dyn = "{%t}" if T is None else ""
-    q_t, w_t, k_t, _, c_t, _ = d.operand_types
-    r_t = f"tensor<{'?' if T is None else S * 2 * T}xi64>"
-    cache_t = f"tensor<{'x'.join(map(str, cache_shape))}x{dtype}>"
+    ins = d.operand_types
+    q_t, cache_t = ins[0], d.cache_type
     consts = {"H": H, "Hk": Hk, "D": D}
     if T is None:
         rows = (f"    %c1 = arith.constant 1 : index\n    %t = tensor.dim %x, %c1 : {q_t}\n"
@@ -228,7 +245,6 @@ def norm_rope_kv_dispatch(S: int, T: int | None, H: int, Hk: int, D: int, dtype:
         rows = (f"    %n = arith.constant {S * T * (H + 2 * Hk)} : index\n    %cnq = arith.constant {S * T * H} : i32\n"
                 f"    %cT = arith.constant {T} : i32\n")
     args = ["x", "w", "k", "wk", "cos", "sin", "v", "rows", "cache"]
-    ins = [q_t, w_t, k_t, w_t, c_t, c_t, k_t, r_t, cache_t]
     dims = {"x": dyn, "k": dyn, "cos": dyn, "sin": dyn, "v": dyn, "rows": "{%nr}" if T is None else ""}
     pushed = ["%cnq", "%cH", "%cHk", "%cD", "%cT", "%cdt", "%ceps"]
     text = executable_source(f"{name}_exe", "dflash_norm_rope2_kv", arch, d.objects[0].name,
@@ -243,12 +259,14 @@ def norm_rope_kv_dispatch(S: int, T: int | None, H: int, Hk: int, D: int, dtype:
              + f"    %y:2 = flow.dispatch @{name}_exe::@dflash_norm_rope2_kv[%n]({', '.join(pushed + ['%' + a for a in args])})"
              f" : ({operand_types}) -> ({q_t}{dyn}, %cache)\n"
              f"    util.return %y#0, %y#1 : {q_t}, {cache_t}\n}}\n")
-    return replace(d, mlir=text, cache_shape=cache_shape)
+    return replace(d, mlir=text)
 
 
 def standalone_module(d: NormRopeDispatch) -> str:
     """A whole module around D with a public `norm_rope(x, w, cos, sin) -> out` (with Hk:
-    `norm_rope(q, wq, k, wk, cos, sin) -> (q out, k out)`), for the checks."""
+    `norm_rope(q, wq, k, wk, cos, sin) -> (q out, k out)`; with the KV cache write:
+    `norm_rope(q, wq, k, wk, cos, sin, v, rows, cache) -> (q out, the cache written)`, the cache
+    argument itself left as it was), for the checks (bench/norm_rope_check.py)."""
     ins, outs = d.operand_types, d.result_types
     params = ", ".join(f"%a{i}: {t}" for i, t in enumerate(ins))
     return (f"module @norm_rope_check {{\n{d.mlir}"
