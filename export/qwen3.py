@@ -33,7 +33,7 @@ def _named(*linears: nn.Module) -> bool:
     kernels add none; a biased linear stays IREE's matmul + add), all float or all packed 4-bit in
     one format and group (export/quantized.py `QuantLinear`, whose packed tensors the op then
     takes: `_operands`)."""
-    if not torch.compiler.is_exporting() or any(lin.bias is not None for lin in linears):
+    if not ops.exporting() or any(lin.bias is not None for lin in linears):
         return False
     from .quantized import QuantLinear
 
@@ -148,7 +148,7 @@ def norm_rope(norm: RMSNorm, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
     lowering takes five: in decode each is a launch on the host's critical path. Eager runs (the
     reference, training) and the CPU form compute it op by op.
     """
-    if attention == "fused" and torch.compiler.is_exporting():
+    if attention == "fused" and ops.exporting():
         return ops.head_norm_rope(x, norm.weight, cos, sin, norm.eps)
     return apply_rope(norm(x), cos, sin)
 
@@ -345,7 +345,7 @@ def cache_attention(q: torch.Tensor, cache: torch.Tensor, layer: int, read_len: 
     key_pos = torch.arange(read_len, dtype=torch.int64, device=positions.device)[None, None, :]
     visible = key_pos <= positions[:, :, None]
     out = attention_fn(attention)(q, keys, values, visible)
-    if not torch.compiler.is_exporting():
+    if not ops.exporting():
         return out
     return ops.block_attention(q, cache, layer, query_rows_mask(visible, q.shape[2] // hkv), out)
 
@@ -373,7 +373,7 @@ class DecoderLayer(nn.Module):
 
         Raises RuntimeError when exported in the "fused" form with a cache: that write is the
         result `step` returns, which this would drop; call `step` and thread the cache."""
-        if cache is not None and self.attention == "fused" and torch.compiler.is_exporting():
+        if cache is not None and self.attention == "fused" and ops.exporting():
             raise RuntimeError("DecoderLayer.forward would drop the exported KV cache write: use step()")
         return self.step(x, cos, sin, positions, cache, layer, read_len, rows)[0]
 
@@ -383,7 +383,7 @@ class DecoderLayer(nn.Module):
         the GPU export (the "fused" form), whose write is a named op's result (`Attention.qkv_written`),
         so that the cache is a value threaded through the layers (`Qwen3.forward`)."""
         h = self.input_layernorm(x)
-        if cache is not None and self.attention == "fused" and torch.compiler.is_exporting():
+        if cache is not None and self.attention == "fused" and ops.exporting():
             q, cache = self.self_attn.qkv_written(h, cos, sin, cache, rows)
             return self.finish(x, cache_attention(q, cache, layer, read_len, positions, self.attention)), cache
         q, k, v = self.self_attn.qkv(h, cos, sin)

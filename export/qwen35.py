@@ -93,7 +93,7 @@ class GatedAttention(nn.Module):
         qg = qg.view(S, T, c.num_attention_heads, 2 * c.head_dim)
         q, gate = qg.chunk(2, -1)
         k = k.view(S, T, c.num_key_value_heads, c.head_dim)
-        if self.attention == "fused" and torch.compiler.is_exporting():
+        if self.attention == "fused" and ops.exporting():
             q = ops.head_norm_rope(qg, self.q_norm.weight, cos, sin, self.q_norm.eps, True, c.rotary_dim)
             k = ops.head_norm_rope(k, self.k_norm.weight, cos, sin, self.k_norm.eps, True, c.rotary_dim)
         else:
@@ -115,7 +115,7 @@ def gated_cache_attention(q, gate, cache, layer: int, read_len: int, positions, 
     key_pos = torch.arange(read_len, dtype=torch.int64, device=positions.device)[None, None, :]
     visible = key_pos <= positions[:, :, None]
     out = attention_fn(attention)(q, keys, values, visible) * torch.sigmoid(gate)
-    if not torch.compiler.is_exporting():
+    if not ops.exporting():
         return out
     return ops.block_attention(q, cache, layer, query_rows_mask(visible, q.shape[2] // keys.shape[2]), out, gate)
 
@@ -269,7 +269,7 @@ class Qwen35(nn.Module):
         # once at the end. Eager, and the ops given to IREE, compute what the code without the op
         # computes. A call longer than the slots (a prefill) runs as blocks of up to PREFILL_BLOCK
         # rows, each keeping its last state in slot 0, where the next block resumes.
-        rule_op = torch.compiler.is_exporting() and cached is not None and bool(cfg.gdn_layers)
+        rule_op = ops.exporting() and cached is not None and bool(cfg.gdn_layers)
         if rule_op:
             threaded = {"slots": self.state.gdn_slots, "rows": self.state.rows(start, stream)}
             last_gdn = len(cfg.gdn_layers) - 1

@@ -165,7 +165,7 @@ def _slot_attention(q: torch.Tensor, cache: torch.Tensor, slot, layer: int, read
     out = attention_fn(attention)(q, keys, values, visible)
     if gate is not None:
         out = out * torch.sigmoid(gate)
-    if not torch.compiler.is_exporting():
+    if not ops.exporting():
         return out
     S, L = cache.shape[:2]
     one = cache.view(1, S * L, *cache.shape[2:])

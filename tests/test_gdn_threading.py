@@ -19,9 +19,9 @@ rounding: the two rules sum in different orders. Planted controls, kept: the sam
 threading broken (every stream's states written to stream 0's rows, the next layer's slots, the
 state read one slot late, a prefill's blocks each starting from zeros) must fail that comparison.
 
-Forcing the path: `Qwen35.step` takes it while `torch.compiler.is_exporting()` is true, so
-qwen35.py's `torch` is swapped for a view of torch whose `compiler.is_exporting()` says True
-(qwen35.py only; loading and every other module are untouched). The only other consumer in that
+Forcing the path: `Qwen35.step` takes it while `ops.exporting()` is true, so qwen35.py's `ops` is
+swapped for a view of export/ops.py whose `exporting()` says True (qwen35.py only; loading and
+every other module are untouched). The only other consumer in that
 file during these calls is `gated_cache_attention`, whose named op `ops.block_attention` then
 runs eagerly and returns a copy of its reference (the same values); the fused head norm + rope
 branch needs attention="fused", which the loaded target does not use. Tokens are random per call:
@@ -31,7 +31,6 @@ the comparison is of the two paths on the same inputs, not of a decoding.
 from __future__ import annotations
 
 import warnings
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -67,13 +66,15 @@ SCRIPT = [
 ]
 
 
-class ExportingTorch:
-    """torch as qwen35.py sees it while exporting: `compiler.is_exporting()` True, the rest torch's."""
+class ExportingOps:
+    """export/ops.py as qwen35.py sees it while exporting: `exporting()` True, the rest the module's."""
 
-    compiler = SimpleNamespace(is_exporting=lambda: True)
+    @staticmethod
+    def exporting():
+        return True
 
     def __getattr__(self, name):
-        return getattr(torch, name)
+        return getattr(ops, name)
 
 
 def emulate(mixed, b, a, A_log, dt_bias, rows, slots, layer, key_heads, every_row, ref_o, ref_slots):
@@ -132,7 +133,7 @@ def run(target_dir, rule=None, prefill_form="chunked"):
     kept = {}  # stream -> slots its last call kept: every state its next call may resume from
     with pytest.MonkeyPatch.context() as mp, torch.no_grad():
         if rule is not None:
-            mp.setattr(qwen35, "torch", ExportingTorch())
+            mp.setattr(qwen35, "ops", ExportingOps())
             mp.setattr(ops, "gated_delta_rule", counted)
         for call in SCRIPT:
             if len(call) == 2:

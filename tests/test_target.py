@@ -102,3 +102,39 @@ def test_write_cache_places_keys_and_values():
         want[s, 1, 0, positions[s]] = k[s].reshape(2, -1)
         want[s, 1, 1, positions[s]] = v[s].reshape(2, -1)
     assert torch.equal(cache, want)
+
+
+def _compiled_graph_ops(target, monkeypatch, check) -> set[str]:
+    """The call targets of the graph torch.compile captures for one decode step of target, with
+    `torch.compiler.is_exporting()` answering True as dynamo makes it under torch.compile in torch
+    2.7-2.13 (pytorch/pytorch#176347), and the model's export check replaced by `check`."""
+    from dflash_iree.export import ops
+
+    # True while dynamo traces (torch.compile itself checks the flag first, in eager, and must see False)
+    monkeypatch.setattr(torch.compiler, "is_exporting", lambda: torch.compiler.is_compiling())
+    monkeypatch.setattr(ops, "exporting", check)
+    graphs = []
+
+    def backend(gm, inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    step = torch.compile(lambda tok, start: target(tok, start)[0], backend=backend, fullgraph=True)
+    with torch.no_grad():
+        step(torch.tensor([[11]]), torch.tensor([3]))
+    torch._dynamo.reset()
+    return {str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"}
+
+
+def test_torch_compile_traces_the_eager_model_not_the_export_path(target_dir, monkeypatch):
+    """bench/speed_8b.py's torch.compile peer compiles the eager model: `ops.exporting()` stays False
+    under torch.compile where `torch.compiler.is_exporting()` says True (it read the flag alone until
+    2026-12-06, and the H200's torch 2.11 then compiled the named ops' export path, reference copies
+    included). The planted control, the check as it was, puts the named ops in the graph."""
+    from dflash_iree.export import ops
+
+    target = load_target(target_dir, 64)  # the "fused" (GPU) form, which has the named ops
+    assert not any("dflash" in t for t in _compiled_graph_ops(target, monkeypatch, ops.exporting))
+    planted = _compiled_graph_ops(target, monkeypatch, lambda: torch.compiler.is_exporting())
+    assert any("dflash" in t for t in planted)

@@ -11,7 +11,7 @@ set -uo pipefail
 export TORCH_LOGS=perf_hints
 out=${OUT:-/tmp/out}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$out/gpu.csv" 2>&1
-gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o 'H[0-9]*' || echo gpu)  # H200 or H100
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o 'H[0-9][0-9]*' | head -1 || echo gpu)  # H200 or H100
 gpu=${gpu,,}
 python3 bench/speed_8b.py run --arch sm_80 --blocks 16 --variant kv8 --against pre --rounds 3 \
     --peers reduce-overhead --profile --json "$out/speed_8b_kv8_$gpu.json" > "$out/kv8_$gpu.log" 2>&1 || echo "kv8 exit $?"
