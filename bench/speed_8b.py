@@ -287,7 +287,7 @@ def _torch_decode(torch, target, mode: str | None, rows: int, profile: bool = Fa
         def step_once():
             box[0] = fn(box[0], starts[0])
 
-        out["profile"] = cuda_profile(step_once, ms, 16, 25)
+        out["profile"] = cuda_profile(step_once, round(ms, 4), 16, 25)
     return out
 
 

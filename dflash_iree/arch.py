@@ -72,7 +72,8 @@ GPU_OPT = ("--iree-global-optimization-opt-level=O3",)
 # when its work is done, so the host's time between calls is paid once per k steps. At the Qwen3-8B
 # shape on the H200 a token took 7.23 ms at k = 1, 6.91 at 2, 6.81 at 4 and 6.66 at 8, same tokens
 # (experiments/2026-12-03-decode-steps/); in the pipelined path on an H100, k = 8 against 4 side by
-# side took 0.990x the time a token (experiments/2026-12-06-kv-write/speed_8b_k8_h100.json). The
+# side was no slower: 0.990x the time a token, inside the 1% spread of its two rounds
+# (experiments/2026-12-06-kv-write/speed_8b_k8_h100.json). The
 # module barely grows (the steps share executables); the export traces each step, greedy 8 about a
 # minute longer at 8B than 4 (sampled steps would add minutes more: greedy only). The HIP HAL is not
 # measured (no AMD GPU here): the same k. The host keeps one step a call.

@@ -158,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "1..64; 0 compiles none (default 8)")
     c.add_argument("--decode-steps", type=int, metavar="K",
                    help="greedy plain decode steps in one call (the decode_steps entry point), 2..16, or 0 for "
-                        "none; one stream, dense targets (default: the arch's: 4 on GPUs, none on the host)")
+                        "none; one stream, dense targets (default: the arch's: 8 on GPUs, none on the host)")
     c.add_argument("--no-export-cache", action="store_true",
                    help="export afresh and keep no copy (default: reuse an identical export from ~/.cache/dflash-iree, "
                         "or $DFLASH_IREE_CACHE)")

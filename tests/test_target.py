@@ -107,7 +107,7 @@ def test_write_cache_places_keys_and_values():
 def _compiled_graph_ops(target, monkeypatch, check) -> set[str]:
     """The call targets of the graph torch.compile captures for one decode step of target, with
     `torch.compiler.is_exporting()` answering True as dynamo makes it under torch.compile in torch
-    2.7-2.13 (pytorch/pytorch#176347), and the model's export check replaced by `check`."""
+    releases before pytorch/pytorch#176499 (the H200's 2.11), and the model's export check replaced by `check`."""
     from dflash_iree.export import ops
 
     # True while dynamo traces (torch.compile itself checks the flag first, in eager, and must see False)

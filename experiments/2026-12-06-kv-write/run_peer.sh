@@ -3,8 +3,8 @@
 # the 8B shape at block 16, this build (.gpu/8b-b16kv8-sm_80) beside torch.compile reduce-overhead of
 # the eager Qwen3 module, now that the module takes the export path only under torch.export
 # (export/ops.py `exporting`): torch 2.11's dynamo answered torch.compiler.is_exporting() True under
-# torch.compile, so earlier peers compiled the named ops' references (kv8_h100.log's perf hints, the
-# peer's profile in speed_8b_kv8_h100.json). No profile (the session's device time was short); torch's CUDA graph skips.
+# torch.compile, so earlier peers compiled the named ops' references (the first run_8b.sh run's perf
+# hints, the peer's profile in speed_8b_kv8_h100.json). No profile (the session's device time was short); torch's CUDA graph skips.
 set -uo pipefail
 export TORCH_LOGS=perf_hints
 out=${OUT:-/tmp/out}
