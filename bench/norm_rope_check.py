@@ -167,6 +167,13 @@ def _host(out, dtype):
     return torch.from_numpy(got.view({2: np.int16, 4: np.int32}[got.itemsize]).copy()).view(dtype)
 
 
+def _device_input(t, np_dtype):
+    """A torch tensor as the NumPy array IREE takes (`_host`'s inverse): its bits viewed as np_dtype."""
+    import torch
+
+    return t.contiguous().view({2: torch.int16, 4: torch.int32}[t.element_size()]).numpy().view(np_dtype)
+
+
 def _count(row: dict, got, want, bound) -> None:
     """Add got's elements against want's to row: bit-equal, the largest ulp distance, and those past bound."""
     ulp = (_ordered(got) - _ordered(want)).abs()
@@ -208,9 +215,8 @@ def kv_check(case, fn, np_dtype: dict) -> dict:
         start = int(torch.randint(0, C - T + 1, (1,), generator=g))
         positions = torch.arange(start, start + T).expand(S, T)
         rows = cache_rows(cache, positions)[1].contiguous()
-        bits = {2: torch.int16, 4: torch.int32}[q.element_size()]
-        host = [t.contiguous().view(bits).numpy().view(np_dtype[dtype]) for t in (q, wq, k, wk, cos, sin, v)]
-        outs = fn(*host, rows.numpy(), cache.view(bits).numpy().view(np_dtype[dtype]))
+        host = [_device_input(t, np_dtype[dtype]) for t in (q, wq, k, wk, cos, sin, v)]
+        outs = fn(*host, rows.numpy(), _device_input(cache, np_dtype[dtype]))
         q_want, q_bound = _want(pair, q, wq, cos, sin)
         _count(row, _host(outs[0], q.dtype), q_want, q_bound)
         k_want, k_bound = _want(pair, k, wk, cos, sin)
@@ -255,8 +261,7 @@ def run(out_json: str) -> dict:
         row = {"case": _name(case), "elements": 0, "bit_equal": 0, "max_ulp": 0, "outside_bound": 0}
         for seed in range(4):
             xs, cos, sin = _inputs(case, seed)
-            host = [t.view({2: torch.int16, 4: torch.int32}[t.element_size()]).numpy().view(np_dtype[case[4]])
-                    for t in [v for xw in xs for v in xw] + [cos, sin]]
+            host = [_device_input(t, np_dtype[case[4]]) for t in [v for xw in xs for v in xw] + [cos, sin]]
             outs = fn(*[rt.asdevicearray(device, h) for h in host])
             outs = outs if isinstance(outs, (tuple, list)) else [outs]
             for (x, w), out in zip(xs, outs):

@@ -59,16 +59,17 @@ import torch
 
 from dflash_iree.kernels.topk import MAX_K
 
+
 def exporting() -> bool:
     """Whether the model is being traced by torch.export (the IREE path: call the named ops), and not
     run eagerly or compiled by torch.compile.
 
     `torch.compiler.is_exporting()` alone is not enough: dynamo answers True for it under plain
     torch.compile too in the torch releases before the fix (its `tracing_state_functions`,
-    pytorch/pytorch#176347, fixed by #176499; the pinned 2.13.0 has the fix, the H200's 2.11 not). On the H200's torch 2.11 that made the torch.compile peer of bench/speed_8b.py
-    trace the export path, the named ops' references and opaque calls included (a whole-cache copy a
-    layer for the KV write's), not the eager model (experiments/2026-12-06-kv-write/). torch.export,
-    strict and not, also sets `torch.compiler._is_exporting_flag`, which torch.compile leaves False.
+    pytorch/pytorch#176347, fixed by #176499; the pinned 2.13.0 has the fix, the H200's 2.11 not).
+    On the H200 that made the torch.compile peer of bench/speed_8b.py trace the export path, the
+    named ops' references and opaque calls included (a whole-cache copy a layer for the KV write's),
+    not the eager model (experiments/2026-12-06-kv-write/). torch.export, strict and not, also sets `torch.compiler._is_exporting_flag`, which torch.compile leaves False.
     """
     return torch.compiler.is_exporting() and getattr(torch.compiler, "_is_exporting_flag", True)
 
