@@ -184,7 +184,7 @@ def run(modules: Path, out_json: Path | None) -> dict:
     import numpy as np
     import torch
 
-    from dflash_iree.kernels.gemm.dispatch import q4_fetch_chunks
+    from dflash_iree.kernels.gemm.dispatch import q4_fetch_chunks, q4_pair_order
     from dflash_iree.kernels.gemm.reference import bf16_bits, dequantize_q4, q4_k_order
     from gemm_bench import from_iree
 
@@ -222,7 +222,7 @@ def run(modules: Path, out_json: Path | None) -> dict:
         dx = rt.asdevicearray(config.device, x_bits.view(ml_dtypes.bfloat16))
         res = fn("q4_once")(dx, *[a for d in dargs for a in d])
         y4 = np.asarray((res[0] if isinstance(res, (list, tuple)) else res).to_host()).view(np.uint16)
-        k_order = q4_k_order(K, info["splits"], q4_fetch_chunks(meta["arch"]))
+        k_order = q4_k_order(K, info["splits"], q4_fetch_chunks(meta["arch"]), q4_pair_order(meta["arch"]))
         dxp = rt.asdevicearray(config.device, np.ascontiguousarray(x_bits[:, k_order]).view(ml_dtypes.bfloat16))
         dw = rt.asdevicearray(config.device, np.ascontiguousarray(w_bits[:, k_order]).view(ml_dtypes.bfloat16))
         y16 = np.asarray(_last(fn("bf16_once")(dxp, dw)).to_host()).view(np.uint16)

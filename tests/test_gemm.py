@@ -452,6 +452,31 @@ def test_q4_compiles_for_gpu_targets(arch):
         assert len(ic.compile_str(standalone_module(d), extra_args=device_flags(arch) + d.flags)) > 10000
 
 
+def test_q4_k_order():
+    """reference.py `q4_k_order`, which the device check (bench/gemm_q4_bench.py) applies to the bf16
+    kernel to get the 4-bit kernel's bits: a permutation of each split, the super-chunk layout
+    (lane group t of chunk h takes kb + 32t + 8h ..) and, on CUDA (`q4_pair_order` 1), a lane's
+    k-values 0, 1, 4, 5, 2, 3, 6, 7 in each whole super-chunk; the split's tail in the bf16 order."""
+    from dflash_iree.kernels.gemm.dispatch import q4_fetch_chunks, q4_pair_order
+    from dflash_iree.kernels.gemm.reference import q4_k_order
+
+    assert (q4_fetch_chunks("sm_80"), q4_pair_order("sm_80")) == (4, 1)
+    assert (q4_fetch_chunks("gfx1151"), q4_pair_order("gfx1151")) == (1, 0)
+    KR, splits = 320, 2  # a split: two whole super-chunks (128 k-values each) and a tail of 64
+    K = KR * splits
+    for pairs in (0, 1):
+        order = q4_k_order(K, splits, 4, pairs)
+        for s in range(splits):
+            assert sorted(order[s * KR:(s + 1) * KR]) == list(range(s * KR, (s + 1) * KR))
+            assert (order[s * KR + 256:(s + 1) * KR] == np.arange(s * KR + 256, (s + 1) * KR)).all()
+    within = [0, 1, 4, 5, 2, 3, 6, 7]
+    order = q4_k_order(K, splits, 4, 1)
+    assert list(order[:8]) == within and list(order[8:16]) == [32 + j for j in within]  # chunk 0, t = 0, 1
+    assert list(order[32:40]) == [8 + j for j in within]  # chunk 1, t = 0
+    assert list(q4_k_order(K, splits, 4, 0)[32:40]) == list(range(8, 16))
+    assert (q4_k_order(K, splits, 1, 0) == np.arange(K)).all()
+
+
 @pytest.mark.parametrize("fmt", ["mlx", "sym", "zp"])
 def test_q4_reference_is_the_eager_dequantization(fmt):
     """kernels/gemm/reference.py `dequantize_q4` (what the device check compares the kernel with)

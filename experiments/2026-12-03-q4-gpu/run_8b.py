@@ -75,6 +75,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path, required=True)
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument("--bf16", type=Path, default=BF16, help="the bf16 build's artifacts")
     args = ap.parse_args()
     rec = {"device": torch.cuda.get_device_name(0), "copy": copy_bandwidth()}
     print(f"copy {rec['copy']['tb_per_s']} TB/s", flush=True)
@@ -99,8 +100,8 @@ def main() -> None:
     rec["q4_memory"] = memory(Q4, idx4, device, bound, kv_bytes)
     print("q4 memory", json.dumps(rec["q4_memory"]), flush=True)
     arms = {"q4": [], "bf16": []}
-    for i, (name, folder, idx) in enumerate([("q4", Q4, idx4), ("bf16", BF16, idx16), ("q4", Q4, idx4),
-                                             ("bf16", BF16, idx16)]):
+    for i, (name, folder, idx) in enumerate([("q4", Q4, idx4), ("bf16", args.bf16, idx16), ("q4", Q4, idx4),
+                                             ("bf16", args.bf16, idx16)]):
         r = speed_8b._iree_steps(folder, idx, device, rows, profile=args.profile and i == 0)
         arms[name].append(r)
         print(f"{name}: decode {r['decode']['median_ms']:.3f} ms, decode_ahead {r['decode_ahead']['median_ms']:.3f} ms, "

@@ -60,8 +60,15 @@
  *   gm_wfrag_set(f, pairs)        a W fragment from its V bf16 values, two a word (low half first)
  *   gm_pack_bf16x2(lo, hi)        two f32 -> bf16 bits (nearest even) in one word, lo in the low half
  *   gm_load_x(f, x, row0, k, M, K) x fragment of m-tile rows row0.. at chunk start k (rows >= M are 0)
- *   gm_load_x_at(f, x, row0, kl, M, K) the same at the lane's own first k-value kl
+ *   gm_load_x_at<XLO>(f, x, row0, kl, M, K) the same at the lane's own first k-value kl (XLO: rows
+ *                                 row0 + 8.. hold no row of the call and need not be loaded)
  *   gm_mma(acc, xf, wf)           acc += the chunk's products
+ *   gm_mma_q<XLO>(acc, xf, wf)    the same for a chunk of a 4-bit fetch of GM_QSC > 1 chunks (its own
+ *                                 fixed order of the lane's k-values: kernels/gemm/reference.py q4_k_order)
+ *   GM_QSTRAIGHT, gm_ld_u16_if, gm_ld_u32_if  1: a 4-bit fetch's loads without branches (predicated)
+ *   GM_QPIPE                      1: the 4-bit entry points of one m-tile issue the next round's loads
+ *                                 before consuming this one (gm_rounds_pipelined)
+ *   GM_QXLO                       1: with M <= 8 the 4-bit entry points of one m-tile take gm_split<.., true>
  *   gm_acc_zero(acc)
  *   gm_acc_get(acc, i, &row, &col) element i of GM_ACC_N of a lane's accumulator and its
  *                                 (row within the m-tile, column within the tile)
@@ -148,6 +155,15 @@ GM_FN void gm_expand(gm_wfrag* f, const gm_wfrag& r, int, const gm_w16&) { *f = 
 #ifndef GM_QPAIRS
 #define GM_QPAIRS 0
 #endif
+#ifndef GM_QPIPE
+#define GM_QPIPE 0
+#endif
+#ifndef GM_QSTRAIGHT
+#define GM_QSTRAIGHT 0
+#endif
+#ifndef GM_QXLO
+#define GM_QXLO 0
+#endif
 template <int F>
 GM_FN int gm_qlane_k(int lane) { return F == 1 ? GM_WLANE_K(lane) : GM_QLANE_K(lane); }
 template <int F>
@@ -172,8 +188,20 @@ struct gm_w4 {
 template <int F>
 GM_FN void gm_fetch(gm_q4raw<F>* r, const gm_w4& ws, int col, int k, int K, int ok) {
   const int lane = GM_TID() % GM_LANES;
-  const int n = col + GM_WLANE_N(lane), k0 = k + gm_qlane_k<F>(lane);
+  const int k0 = k + gm_qlane_k<F>(lane);
   const int groups = K >> ws.gshift, g = k0 >> ws.gshift;
+#if GM_QSTRAIGHT
+  /* A tile past N reads column GM_WLANE_N(lane) instead (its sums are never written): every load of a
+   * fetch is issued unconditionally, with no branch between a round's loads. */
+  const int n = (ok ? col : 0) + GM_WLANE_N(lane);
+  gm_load_q(r->words, ws.q + (long)n * (K / 8) + k0 / 8, 1);
+  const long gi = (long)n * groups + g;
+  const float s = gm_f32(ws.s[gi]);
+  const float b = gm_f32(gm_ld_u16_if((const unsigned short*)ws.o + gi, ws.fmt == GM_Q_MLX));
+  const unsigned zw = gm_ld_u32_if((const unsigned*)ws.o + (long)(n / 8) * groups + g, ws.fmt == GM_Q_ZP, 0x88888888u);
+  const float z = ws.fmt == GM_Q_MLX ? 0.0f : (float)((zw >> (4 * (n % 8))) & 15u);
+#else
+  const int n = col + GM_WLANE_N(lane);
   gm_load_q(r->words, ws.q + (long)n * (K / 8) + k0 / 8, ok);
   float s = 0.0f, b = 0.0f, z = 0.0f;
   if (ok) {
@@ -185,6 +213,7 @@ GM_FN void gm_fetch(gm_q4raw<F>* r, const gm_w4& ws, int col, int k, int K, int 
       z = (float)(ws.fmt == GM_Q_ZP ? (((const unsigned*)ws.o)[(long)(n / 8) * groups + g] >> (4 * (n % 8))) & 15u
                                     : 8u);
   }
+#endif
 #if GM_QPAIRS
   r->s2 = gm_pack_bf16x2(s, s), r->o2 = gm_pack_bf16x2(b, b), r->c2 = gm_pack_bf16x2(-128.0f - z, -128.0f - z);
 #else
@@ -223,14 +252,18 @@ GM_FN void gm_expand(gm_wfrag* f, const gm_q4raw<F>& r, int h, const gm_w4&) {
 /* U consecutive fetches of F chunks each from kk of one warp's GM_CW column tiles into acc: all U
  * fetches' W loads are issued first (U * F chunks in flight), then the chunks are consumed fetch by
  * fetch, chunk by chunk (increasing k for F = 1; the super-chunk's fixed permutation for F > 1). */
-template <int GM_MT, int U, int F, class WS>
-GM_FN void gm_round(gm_acc (&acc)[GM_MT][GM_CW], const unsigned short* __restrict__ x, const WS& w, int col_w,
-                    const int (&ok)[GM_CW], int kk, int M, int K) {
-  typename WS::template raw<F> wr[GM_CW][U];
+template <int U, int F, class WS>
+GM_FN void gm_fetch_round(typename WS::template raw<F> (&wr)[GM_CW][U], const WS& w, int col_w,
+                          const int (&ok)[GM_CW], int kk, int K) {
 #pragma unroll
   for (int j = 0; j < U; ++j)
 #pragma unroll
     for (int c = 0; c < GM_CW; ++c) gm_fetch<F>(&wr[c][j], w, col_w + c * GM_TN, kk + j * F * GM_KC, K, ok[c]);
+}
+
+template <int GM_MT, int U, int F, class WS, bool XLO = false>
+GM_FN void gm_consume_round(gm_acc (&acc)[GM_MT][GM_CW], const typename WS::template raw<F> (&wr)[GM_CW][U],
+                            const unsigned short* __restrict__ x, const WS& w, int kk, int M, int K) {
 #pragma unroll
   for (int j = 0; j < U; ++j)
 #pragma unroll
@@ -244,12 +277,53 @@ GM_FN void gm_round(gm_acc (&acc)[GM_MT][GM_CW], const unsigned short* __restric
         if (F == 1)
           gm_load_x(&xf, x, mt * 16, kk + j * GM_KC, M, K);
         else
-          gm_load_x_at(&xf, x, mt * 16, kk + j * F * GM_KC + gm_qlane_k<F>(GM_TID() % GM_LANES) + h * 8 * GM_WQ,
-                       M, K);
+          gm_load_x_at<XLO>(&xf, x, mt * 16, kk + j * F * GM_KC + gm_qlane_k<F>(GM_TID() % GM_LANES) + h * 8 * GM_WQ,
+                            M, K);
 #pragma unroll
-        for (int c = 0; c < GM_CW; ++c) gm_mma(&acc[mt][c], &xf, &wf[c]);
+        for (int c = 0; c < GM_CW; ++c)
+          if (F == 1)
+            gm_mma(&acc[mt][c], &xf, &wf[c]);
+          else
+            gm_mma_q<XLO>(&acc[mt][c], &xf, &wf[c]);
       }
     }
+}
+
+template <int GM_MT, int U, int F, class WS, bool XLO = false>
+GM_FN void gm_round(gm_acc (&acc)[GM_MT][GM_CW], const unsigned short* __restrict__ x, const WS& w, int col_w,
+                    const int (&ok)[GM_CW], int kk, int M, int K) {
+  typename WS::template raw<F> wr[GM_CW][U];
+  gm_fetch_round<U, F>(wr, w, col_w, ok, kk, K);
+  gm_consume_round<GM_MT, U, F, WS, XLO>(acc, wr, x, w, kk, M, K);
+}
+
+/* The whole rounds of [kk, k_end) with the next round's loads issued before this round is consumed
+ * (two raw buffers, a and b, in turn): a warp keeps a round of W in flight while it dequantizes and
+ * multiplies, where gm_round waits for each round's loads. The same fetches, chunks and matrix
+ * instructions in the same order as gm_round's loop, so the same sums. Returns the k after them. */
+template <int GM_MT, int U, int F, class WS, bool XLO>
+GM_FN int gm_rounds_pipelined(gm_acc (&acc)[GM_MT][GM_CW], const unsigned short* __restrict__ x, const WS& w,
+                              int col_w, const int (&ok)[GM_CW], int kk, int k_end, int M, int K) {
+  constexpr int RS = GM_KC * F * U;
+  if (kk + RS > k_end) return kk;
+  typename WS::template raw<F> a[GM_CW][U], b[GM_CW][U];
+  gm_fetch_round<U, F>(a, w, col_w, ok, kk, K);
+  for (;;) {
+    if (kk + 2 * RS > k_end) {
+      gm_consume_round<GM_MT, U, F, WS, XLO>(acc, a, x, w, kk, M, K);
+      return kk + RS;
+    }
+    gm_fetch_round<U, F>(b, w, col_w, ok, kk + RS, K);
+    gm_consume_round<GM_MT, U, F, WS, XLO>(acc, a, x, w, kk, M, K);
+    kk += RS;
+    if (kk + 2 * RS > k_end) {
+      gm_consume_round<GM_MT, U, F, WS, XLO>(acc, b, x, w, kk, M, K);
+      return kk + RS;
+    }
+    gm_fetch_round<U, F>(a, w, col_w, ok, kk + RS, K);
+    gm_consume_round<GM_MT, U, F, WS, XLO>(acc, b, x, w, kk, M, K);
+    kk += RS;
+  }
 }
 
 /* Fetches a round: GM_U for bf16 weights (a chunk each), GM_UQ(MT) for packed ones (GM_QSC chunks
@@ -262,6 +336,26 @@ template <int MT>
 struct gm_u<gm_w4, MT> {
   static constexpr int value = GM_UQ(MT);
 };
+
+/* A warp's sums over its split [kk, k_end): rounds, then shorter ones, then single chunks. XLO: m-tile 0's
+ * rows 8..15 hold no row of the call (4-bit fetches of GM_QSC > 1 chunks only). */
+template <int GM_MT, bool XLO, class WS>
+GM_FN void gm_split(gm_acc (&acc)[GM_MT][GM_CW], const unsigned short* __restrict__ x, const WS& w, int col_w,
+                    const int (&ok)[GM_CW], int kk, int k_end, int M, int K) {
+  constexpr int U = gm_u<WS, GM_MT>::value, F = WS::fetch_chunks;
+  if (GM_QPIPE && F > 1 && GM_MT == 1) /* 4-bit, one m-tile: the next round in flight while this one is consumed */
+    kk = gm_rounds_pipelined<GM_MT, U, F, WS, XLO>(acc, x, w, col_w, ok, kk, k_end, M, K);
+  for (; kk + GM_KC * F * U <= k_end; kk += GM_KC * F * U) /* whole rounds: U fetches in flight */
+    gm_round<GM_MT, U, F, WS, XLO>(acc, x, w, col_w, ok, kk, M, K);
+  if (U > 4) /* then a round of half as many: a short split (small K) keeps loads in flight */
+    for (; kk + GM_KC * F * (U / 2) <= k_end; kk += GM_KC * F * (U / 2))
+      gm_round<GM_MT, (U > 4 ? U / 2 : 1), F, WS, XLO>(acc, x, w, col_w, ok, kk, M, K);
+  if (F > 1) /* whole fetches, one at a time */
+    for (; kk + GM_KC * F <= k_end; kk += GM_KC * F)
+      gm_round<GM_MT, 1, F, WS, XLO>(acc, x, w, col_w, ok, kk, M, K);
+  for (; kk < k_end; kk += GM_KC) /* the rest, a chunk at a time */
+    gm_round<GM_MT, 1, 1>(acc, x, w, col_w, ok, kk, M, K);
+}
 
 /* Column block wg_x (of ceil(N / GM_BN); GM_EPI_SWIGLU: ceil(N / (GM_BN / 2))), split wg_y (of S) of
  * one weight (GM_EPI_SWIGLU: w the gate's, w1 up's), as one workgroup does it. When S == 1, y is
@@ -287,19 +381,14 @@ GM_FN void gm_workgroup(const unsigned short* __restrict__ x, WS w, unsigned sho
 #pragma unroll
     for (int mt = 0; mt < GM_MT; ++mt) gm_acc_zero(&acc[mt][c]);
   }
-  const int k_end = k0 + KR;
-  int kk = k0;
-  constexpr int U = gm_u<WS, GM_MT>::value, F = WS::fetch_chunks;
-  for (; kk + GM_KC * F * U <= k_end; kk += GM_KC * F * U) /* whole rounds: U fetches in flight */
-    gm_round<GM_MT, U, F>(acc, x, w, col_w, ok, kk, M, K);
-  if (U > 4) /* then a round of half as many: a short split (small K) keeps loads in flight */
-    for (; kk + GM_KC * F * (U / 2) <= k_end; kk += GM_KC * F * (U / 2))
-      gm_round<GM_MT, (U > 4 ? U / 2 : 1), F>(acc, x, w, col_w, ok, kk, M, K);
-  if (F > 1) /* whole fetches, one at a time */
-    for (; kk + GM_KC * F <= k_end; kk += GM_KC * F)
-      gm_round<GM_MT, 1, F>(acc, x, w, col_w, ok, kk, M, K);
-  for (; kk < k_end; kk += GM_KC) /* the rest, a chunk at a time */
-    gm_round<GM_MT, 1, 1>(acc, x, w, col_w, ok, kk, M, K);
+  if constexpr (GM_QXLO && WS::fetch_chunks > 1 && GM_MT == 1) {
+    if (M <= 8) /* no row of the call in rows 8..15: their x is not loaded (gm_load_x_at) */
+      gm_split<GM_MT, true>(acc, x, w, col_w, ok, k0, k0 + KR, M, K);
+    else
+      gm_split<GM_MT, false>(acc, x, w, col_w, ok, k0, k0 + KR, M, K);
+  } else {
+    gm_split<GM_MT, false>(acc, x, w, col_w, ok, k0, k0 + KR, M, K);
+  }
   /* GM_EPI_SWIGLU, one split: up's rounded sums go to the gate warps, which hold the same outputs
    * (the slot depends on the lane only) and write y. */
   const int lane = tid % GM_LANES;

@@ -46,7 +46,8 @@ def dequantize_q4(q: np.ndarray, s_bits: np.ndarray, o: np.ndarray | None, fmt: 
     return bf16_bits(w.astype(np.float32).reshape(N, K))
 
 
-def q4_k_order(K: int, splits: int, fetch_chunks: int, chunk: int = 32, lane_k: int = 8) -> np.ndarray:
+def q4_k_order(K: int, splits: int, fetch_chunks: int, pair_order: int = 0, chunk: int = 32,
+               lane_k: int = 8) -> np.ndarray:
     """The k order of the 4-bit kernel as the bf16 kernel's: int64 [K], order[j] = the column of x and W
     that the 4-bit kernel gives the matrix instructions where the bf16 kernel gives column j. So the
     4-bit y equals, bit for bit, the bf16 kernel's y on x[:, order] and the dequantized W[:, order].
@@ -57,17 +58,21 @@ def q4_k_order(K: int, splits: int, fetch_chunks: int, chunk: int = 32, lane_k: 
     chunk h of the fetch its k-values kb + t * fetch_chunks * lane_k + h * lane_k .. + lane_k - 1, where
     the bf16 kernel's chunk kb + h * chunk gives that lane group kb + h * chunk + t * lane_k ... The rest
     of a split (under a fetch) is in the bf16 order, as is everything when fetch_chunks is 1.
+    `pair_order` 1 (gemm_gpu.cu GM_QPAIR_ORDER, `dispatch.q4_pair_order`): within a whole fetch, a lane
+    group's lane_k = 8 k-values j = 0..7 meet the matrix instructions where the bf16 kernel puts its
+    k-values 0, 1, 4, 5, 2, 3, 6, 7 (the first instruction takes the pairs j = 0, 1 and 4, 5).
     """
     order = np.arange(K)
     if fetch_chunks == 1:
         return order
     KR, span, groups = K // splits, fetch_chunks * chunk, chunk // lane_k
+    within = np.array([0, 1, 4, 5, 2, 3, 6, 7]) if pair_order else np.arange(lane_k)
     for s in range(splits):
         for kb in range(s * KR, s * KR + KR // span * span, span):
             for h in range(fetch_chunks):
                 for t in range(groups):
                     src = kb + t * fetch_chunks * lane_k + h * lane_k
-                    order[kb + h * chunk + t * lane_k: kb + h * chunk + (t + 1) * lane_k] = np.arange(src, src + lane_k)
+                    order[kb + h * chunk + t * lane_k: kb + h * chunk + (t + 1) * lane_k] = src + within
     return order
 
 
