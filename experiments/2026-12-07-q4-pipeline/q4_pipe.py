@@ -1,6 +1,7 @@
-"""The 4-bit skinny GEMM's instruction stream and latency on the H200 (issue #28): variants of
-kernels/gemm/gemm_gpu.cu's 4-bit object, built from this tree's sources with clang defines, launched
-directly through CuPy, timed at M = 1 and 16, their bits checked against the committed bf16 kernel.
+"""The 4-bit skinny GEMM's instruction stream and latency on an H100 or H200 (issue #28): variants of
+kernels/gemm/gemm_gpu.cu's 4-bit object, built with clang defines from the sources of 9b81802 (which
+carry every switch; the next commit keeps the chosen form only), launched directly through CuPy,
+timed at M = 1 and 16, their bits checked against the committed bf16 kernel.
 
     .venv/bin/python experiments/2026-12-07-q4-pipeline/q4_pipe.py build --out .gpu/q4pipe   # here
     python3 experiments/2026-12-07-q4-pipeline/q4_pipe.py run --dir .gpu/q4pipe --json out.json   # there

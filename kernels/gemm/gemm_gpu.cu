@@ -93,14 +93,10 @@ GM_FN void gm_load_x(gm_xfrag* f, const unsigned short* x, int row0, int k, int 
   f->lo = gm_ld4(p, r < M);
   f->hi = gm_ld4(p + 8L * K, r + 8 < M);
 }
-/* The same rows at this lane's own k-values from kl (a super-chunk's chunk, gemm_body.h gm_round). */
-#ifndef GM_XCLAMP
-#define GM_XCLAMP 1
-#endif
-#if GM_XCLAMP
-/* Rows past M read row M - 1 instead of zeros: a matrix instruction's output row depends on its own A
- * row only, and rows >= M are never written, so their values do not matter; the loads need no
- * predicate and no zeroed registers. */
+/* The same rows at this lane's own k-values from kl (a 4-bit super-chunk's chunk, gemm_body.h
+ * gm_consume_round). Rows past M read row M - 1 instead of zeros: a matrix instruction's output row
+ * depends on its own A row only, and rows >= M are never written, so their values do not matter and the
+ * loads need no predicate and no zeroed registers. XLO: rows row0 + 8.. are not loaded at all. */
 GM_FN gm_u4 gm_ld4_any(const unsigned short* p) {
   unsigned a, b, c, d;
   asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "l"(p));
@@ -113,16 +109,6 @@ GM_FN void gm_load_x_at(gm_xfrag* f, const unsigned short* x, int row0, int kl, 
   f->lo = gm_ld4_any(x + (long)(r < M ? r : M - 1) * K + kl);
   if (!XLO) f->hi = gm_ld4_any(x + (long)(r + 8 < M ? r + 8 : M - 1) * K + kl);
 }
-#else
-template <bool XLO>
-GM_FN void gm_load_x_at(gm_xfrag* f, const unsigned short* x, int row0, int kl, int M, int K) {
-  int lane = GM_TID() & 31;
-  int r = row0 + (lane >> 2);
-  const unsigned short* p = x + (long)r * K + kl;
-  f->lo = gm_ld4(p, r < M);
-  f->hi = gm_ld4(p + 8L * K, r + 8 < M);
-}
-#endif
 
 GM_FN void gm_mma(gm_acc* acc, const gm_xfrag* xf, const gm_wfrag* wf) {
   asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
@@ -135,23 +121,15 @@ GM_FN void gm_mma(gm_acc* acc, const gm_xfrag* xf, const gm_wfrag* wf) {
       : "r"(xf->lo.z), "r"(xf->hi.z), "r"(xf->lo.w), "r"(xf->hi.w), "r"(wf->v.z), "r"(wf->v.w));
 }
 
-/* A 4-bit super-chunk's chunk (gemm_body.h gm_consume_round, F > 1). GM_QPAIR_ORDER 1: the first
- * instruction takes the lane's k-values {0, 1, 4, 5} (x words lo.x, lo.z; W pairs 0, 2), the second
- * {2, 3, 6, 7}, so that with XLO (rows 8..15 unused) the first instruction's A operand is x's 16-byte
- * load as it came (lo.y, lo.w sit in the unused rows' slots) and the second needs two register moves
- * where gm_mma's order needs eight. GM_QPAIR_ORDER 0: gm_mma's order. */
-#ifndef GM_QPAIR_ORDER
-#define GM_QPAIR_ORDER 1
-#endif
+/* A 4-bit super-chunk's chunk (gemm_body.h gm_consume_round, F > 1): the first instruction takes the
+ * lane's k-values {0, 1, 4, 5} (x words lo.x, lo.z; W pairs 0, 2), the second {2, 3, 6, 7}, so that with
+ * XLO (rows 8..15 unused) the first instruction's A operand is x's 16-byte load as it came (lo.y, lo.w
+ * sit in the unused rows' slots) and the second needs two register moves where gm_mma's order needs
+ * eight (kernels/gemm/reference.py q4_k_order, pair_order 1). */
 template <bool XLO>
 GM_FN void gm_mma_q(gm_acc* acc, const gm_xfrag* xf, const gm_wfrag* wf) {
-#if GM_QPAIR_ORDER
-  unsigned a1, a3, b1, b3; /* the unused rows' operands: values at hand */
-  if (XLO) {
-    a1 = xf->lo.y, a3 = xf->lo.w, b1 = xf->lo.y, b3 = xf->lo.w;
-  } else {
-    a1 = xf->hi.x, a3 = xf->hi.z, b1 = xf->hi.y, b3 = xf->hi.w;
-  }
+  const unsigned a1 = XLO ? xf->lo.y : xf->hi.x, a3 = XLO ? xf->lo.w : xf->hi.z; /* XLO: values at hand */
+  const unsigned b1 = XLO ? xf->lo.y : xf->hi.y, b3 = XLO ? xf->lo.w : xf->hi.w;
   asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%0, %1, %2, %3};"
       : "+f"(acc->d[0]), "+f"(acc->d[1]), "+f"(acc->d[2]), "+f"(acc->d[3])
@@ -160,15 +138,6 @@ GM_FN void gm_mma_q(gm_acc* acc, const gm_xfrag* xf, const gm_wfrag* wf) {
       "{%0, %1, %2, %3};"
       : "+f"(acc->d[0]), "+f"(acc->d[1]), "+f"(acc->d[2]), "+f"(acc->d[3])
       : "r"(xf->lo.y), "r"(b1), "r"(xf->lo.w), "r"(b3), "r"(wf->v.y), "r"(wf->v.w));
-#else
-  if (XLO) {
-    gm_xfrag f = *xf;
-    f.hi = f.lo;
-    gm_mma(acc, &f, wf);
-  } else {
-    gm_mma(acc, xf, wf);
-  }
-#endif
 }
 
 GM_FN void gm_acc_zero(gm_acc* a) { a->d[0] = a->d[1] = a->d[2] = a->d[3] = 0.0f; }
@@ -219,22 +188,16 @@ GM_FN unsigned gm_ld_u32_if(const unsigned* p, int ok, unsigned otherwise) {
   asm("{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n @p ld.global.nc.u32 %0, [%1];\n}" : "+r"(a) : "l"(p), "r"(ok));
   return a;
 }
-#ifndef GM_QPIPE
-#define GM_QPIPE 1
-#endif
-#ifndef GM_QSTRAIGHT
+/* The 4-bit entry points' fetches without branches, the next round's in flight while this one is
+ * consumed (one m-tile), and x's rows 8..15 not loaded at M <= 8: gemm_body.h; measured in
+ * experiments/2026-12-07-q4-pipeline/. */
 #define GM_QSTRAIGHT 1
-#endif
-#ifndef GM_QXLO
+#define GM_QPIPE 1
 #define GM_QXLO 1
-#endif
 /* 4-bit values dequantized two at a time in bf16x2 arithmetic (gemm_body.h GM_QPAIRS): a prmt and a
  * lop3 a pair, two fmas. */
 #ifndef GM_QPAIRS
 #define GM_QPAIRS 1
-#endif
-#ifndef GM_QLOP3
-#define GM_QLOP3 1
 #endif
 GM_FN unsigned gm_fma_bf16x2(unsigned a, unsigned b, unsigned c) {
   unsigned d;
@@ -251,11 +214,7 @@ GM_FN void gm_q4_pairs(unsigned* pairs, unsigned word, unsigned s2, unsigned o2,
   for (int i = 0; i < 4; ++i) {
     unsigned t;
     asm("prmt.b32 %0, %1, %2, %3;" : "=r"(t) : "r"(word), "r"(hi), "r"(i | (4 + i) << 8));
-#if GM_QLOP3
     asm("lop3.b32 %0, %0, 0x000F000F, 0x43004300, 0xEA;" : "+r"(t)); /* (t & 0x000F000F) | 0x43004300 */
-#else
-    t = (t & 0x000F000Fu) | 0x43004300u;
-#endif
     pairs[i] = gm_fma_bf16x2(s2, gm_fma_bf16x2(t, 0x3F803F80u, c2), o2);
   }
 }
