@@ -76,10 +76,12 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--no-peer", action="store_true")
     ap.add_argument("--bf16", type=Path, default=BF16, help="the bf16 build's artifacts")
+    ap.add_argument("--q4", type=Path, default=Q4, help="the 4-bit build's artifacts")
     args = ap.parse_args()
+    q4 = args.q4
     rec = {"device": torch.cuda.get_device_name(0), "copy": copy_bandwidth()}
     print(f"copy {rec['copy']['tb_per_s']} TB/s", flush=True)
-    m4 = json.loads((Q4 / "manifest.json").read_text())
+    m4 = json.loads((q4 / "manifest.json").read_text())
     rng = np.random.default_rng(0)
     t_arrays = random_params(m4["parameters"]["target"], rng)
     q4_bytes = sum(a.nbytes for k, a in t_arrays.items() if not k.startswith("model.embed_tokens."))
@@ -97,10 +99,10 @@ def main() -> None:
     device = rt.get_device("cuda")
     rows = -(-(speed_8b.PROMPT_LEN + speed_8b.STEPS + 3) // 32) * 32
     bound = sum(a.nbytes for a in t_arrays.values()) + speed_8b._bytes(drafter)  # all the module binds
-    rec["q4_memory"] = memory(Q4, idx4, device, bound, kv_bytes)
+    rec["q4_memory"] = memory(q4, idx4, device, bound, kv_bytes)
     print("q4 memory", json.dumps(rec["q4_memory"]), flush=True)
     arms = {"q4": [], "bf16": []}
-    for i, (name, folder, idx) in enumerate([("q4", Q4, idx4), ("bf16", args.bf16, idx16), ("q4", Q4, idx4),
+    for i, (name, folder, idx) in enumerate([("q4", q4, idx4), ("bf16", args.bf16, idx16), ("q4", q4, idx4),
                                              ("bf16", args.bf16, idx16)]):
         r = speed_8b._iree_steps(folder, idx, device, rows, profile=args.profile and i == 0)
         arms[name].append(r)
