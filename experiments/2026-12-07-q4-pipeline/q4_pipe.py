@@ -47,7 +47,9 @@ def _on(*names: str) -> list[str]:
 
 
 ST = ("GM_QLOP3", "GM_XCLAMP", "GM_QSTRAIGHT")
-VARIANTS = {
+# Run 1 (q4_pipe_h100.json): 9b81802's sources, against the object committed before them (5ee1bd9,
+# pair order 0).
+VARIANTS_1 = {
     "st": _on(*ST),
     "pipe": _on(*ST, "GM_QPIPE"),
     "xlo0": _on(*ST, "GM_QPIPE", "GM_QXLO"),
@@ -55,26 +57,40 @@ VARIANTS = {
     "xlo1u2": _on(*ST, "GM_QPIPE", "GM_QXLO", "GM_QPAIR_ORDER") + ["-DGM_UQ(MT)=2"],
     "xlo1u8": _on(*ST, "GM_QPIPE", "GM_QXLO", "GM_QPAIR_ORDER") + ["-DGM_UQ(MT)=8"],
 }
+RUNS = {1: {"sources": "9b81802", "base": "5ee1bd9", "base_pair_order": 0, "variants": VARIANTS_1}}
 
 
-def build(out: Path) -> None:
+def build(out: Path, run: int) -> None:
+    """RUN's variants from the kernel sources of RUNS[run]["sources"] (a commit, or None: the working
+    tree), its base the 4-bit object committed at RUNS[run]["base"]."""
     sys.path.insert(0, str(ROOT))
     from dflash_iree.kernels.build import CLANG, targets
     from dflash_iree.kernels.gemm import gemm_plan
 
+    spec = RUNS[run]
     _, folder, args = targets()["gemm_q4_sm_80.ptx"]
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    base = subprocess.run(["git", "show", "HEAD:kernels/objects/gemm_q4_sm_80.ptx"], cwd=ROOT, check=True,
-                          capture_output=True).stdout
-    (out / "base.ptx").write_bytes(base)
-    shutil.copy(ROOT / "kernels/objects/gemm_sm_80.ptx", out / "bf16.ptx")
-    meta = [{"name": "base", "file": "base.ptx", "defines": [], "qsc": 4, "pair_order": 0}]
-    for name, defs in VARIANTS.items():
-        subprocess.run([CLANG, *args, *defs, "-o", str(out / f"{name}.ptx")], cwd=ROOT / "kernels" / folder, check=True)
-        meta.append({"name": name, "file": f"{name}.ptx", "defines": defs, "qsc": 4,
-                     "pair_order": int("-DGM_QPAIR_ORDER=1" in defs)})
-        print(name, flush=True)
+
+    def show(rev: str, path: str) -> bytes:
+        return subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT, check=True, capture_output=True).stdout
+
+    (out / "base.ptx").write_bytes(show(spec["base"], "kernels/objects/gemm_q4_sm_80.ptx"))
+    (out / "bf16.ptx").write_bytes(show(spec["base"], "kernels/objects/gemm_sm_80.ptx"))
+    meta = [{"name": "base", "file": "base.ptx", "defines": [], "qsc": 4, "pair_order": spec["base_pair_order"]}]
+    with tempfile.TemporaryDirectory() as tmp:
+        src = ROOT / "kernels"
+        if spec["sources"]:
+            for path in (f"kernels/{folder}/gemm_body.h", f"kernels/{folder}/gemm_gpu.cu", "kernels/gpu.h"):
+                dst = Path(tmp) / path
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                dst.write_bytes(show(spec["sources"], path))
+            src = Path(tmp) / "kernels"
+        for name, defs in spec["variants"].items():
+            subprocess.run([CLANG, *args, *defs, "-o", str(out / f"{name}.ptx")], cwd=src / folder, check=True)
+            meta.append({"name": name, "file": f"{name}.ptx", "defines": defs, "qsc": 4,
+                         "pair_order": int(run == 2 or "-DGM_QPAIR_ORDER=1" in defs)})
+            print(name, flush=True)
     plans = {}
     for N, K in SHAPES:
         p = gemm_plan(N, K, "sm_80")
@@ -290,9 +306,10 @@ if __name__ == "__main__":
     ap.add_argument("--shape", default="12288x4096")
     ap.add_argument("--out", "--dir", dest="dir", type=Path, required=True)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--run", type=int, choices=sorted(RUNS), default=1, help="build: which run's variants")
     a = ap.parse_args()
     if a.cmd == "build":
-        build(a.dir)
+        build(a.dir, a.run)
     elif a.cmd == "run":
         run(a.dir, a.json)
     else:

@@ -92,7 +92,7 @@ def weight_types(Ns, K: int, quant: Q4 | None) -> list[str]:
 # splits is the better way to fewer workgroups (4096x4096: 2 splits 18.3 us against 4 splits taking
 # 2 blocks each 24.5), so the loop is only planned for one split (experiments/2026-11-30-grouped-gemm/).
 # q4_fetch, q4_pairs: the 4-bit entry points' chunks a fetch and the order of a lane's k-values in a
-# fetch's chunk (gemm_gpu.cu GM_QSC, GM_QPAIR_ORDER; reference.py `q4_k_order`).
+# fetch's chunk (gemm_gpu.cu GM_QSC, `gm_mma_q`; reference.py `q4_k_order`).
 _CUDA = {"threads": 128, "bn": 32, "chunk": 32, "per_unit": 2.9, "block_loop": True, "resident": 4, "q4_fetch": 4,
          "q4_pairs": 1}
 _HIP = {"threads": 128, "bn": 128, "chunk": 16, "per_unit": 2, "block_loop": False, "q4_fetch": 1, "q4_pairs": 0}
@@ -201,7 +201,7 @@ def q4_fetch_chunks(arch: str) -> int:
 
 
 def q4_pair_order(arch: str) -> int:
-    """The order of a lane's k-values in a 4-bit fetch's chunk on ARCH (gemm_gpu.cu GM_QPAIR_ORDER: 1 on
+    """The order of a lane's k-values in a 4-bit fetch's chunk on ARCH (gemm_gpu.cu `gm_mma_q`: 1 on
     CUDA, 0 on gfx): reference.py `q4_k_order`'s `pair_order`. Raises DFlashError for an arch without
     the kernel."""
     return _backend(arch)["q4_pairs"]

@@ -60,8 +60,9 @@
  *   gm_wfrag_set(f, pairs)        a W fragment from its V bf16 values, two a word (low half first)
  *   gm_pack_bf16x2(lo, hi)        two f32 -> bf16 bits (nearest even) in one word, lo in the low half
  *   gm_load_x(f, x, row0, k, M, K) x fragment of m-tile rows row0.. at chunk start k (rows >= M are 0)
- *   gm_load_x_at<XLO>(f, x, row0, kl, M, K) the same at the lane's own first k-value kl (XLO: rows
- *                                 row0 + 8.. hold no row of the call and need not be loaded)
+ *   gm_load_x_at<XLO>(f, x, row0, kl, M, K) the same at the lane's own first k-value kl, where rows
+ *                                 >= M may hold any values (their outputs are never written; CUDA
+ *                                 reads row M - 1) and, with XLO, rows row0 + 8.. need not be loaded
  *   gm_mma(acc, xf, wf)           acc += the chunk's products
  *   gm_mma_q<XLO>(acc, xf, wf)    the same for a chunk of a 4-bit fetch of GM_QSC > 1 chunks (its own
  *                                 fixed order of the lane's k-values: kernels/gemm/reference.py q4_k_order)

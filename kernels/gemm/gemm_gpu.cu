@@ -36,7 +36,8 @@
  * W[col + g, k + 8t .. k + 8t + 7] (the 4 lanes of a column read 64 contiguous bytes) and x rows
  * g and g + 8 of the m-tile at the same k. The two mma instructions of a chunk take, in this order,
  * k + 8t + {0..3} then k + 8t + {4..7} into the k slots {2t, 2t+1, 2t+8, 2t+9} of every lane t:
- * a fixed permutation of the chunk's 32 k-values, the same for A and B. */
+ * a fixed permutation of the chunk's 32 k-values, the same for A and B (a 4-bit super-chunk's chunk:
+ * gm_mma_q's order, below). */
 /* 4 warps of one 8-column tile each, 16 chunks (8 KiB of W per warp) in flight per round, up to 4
  * workgroups per SM (<= 128 registers): the best of the variants measured on the H200 (docs/architecture.md;
  * 16 chunks over 8: the decode step's weights at M = 1 0.59-0.91 -> 0.61-0.94 of copy bandwidth, the 8B

@@ -58,7 +58,7 @@ def q4_k_order(K: int, splits: int, fetch_chunks: int, pair_order: int = 0, chun
     chunk h of the fetch its k-values kb + t * fetch_chunks * lane_k + h * lane_k .. + lane_k - 1, where
     the bf16 kernel's chunk kb + h * chunk gives that lane group kb + h * chunk + t * lane_k ... The rest
     of a split (under a fetch) is in the bf16 order, as is everything when fetch_chunks is 1.
-    `pair_order` 1 (gemm_gpu.cu GM_QPAIR_ORDER, `dispatch.q4_pair_order`): within a whole fetch, a lane
+    `pair_order` 1 (gemm_gpu.cu `gm_mma_q`, `dispatch.q4_pair_order`): within a whole fetch, a lane
     group's lane_k = 8 k-values j = 0..7 meet the matrix instructions where the bf16 kernel puts its
     k-values 0, 1, 4, 5, 2, 3, 6, 7 (the first instruction takes the pairs j = 0, 1 and 4, 5).
     """
