@@ -3,7 +3,7 @@ kernels/gemm/gemm_gpu.cu's 4-bit object, built with clang defines from the sourc
 carry every switch; the next commit keeps the chosen form only), launched directly through CuPy,
 timed at M = 1 and 16, their bits checked against the committed bf16 kernel.
 
-    .venv/bin/python experiments/2026-12-07-q4-pipeline/q4_pipe.py build --out .gpu/q4pipe   # here
+    .venv/bin/python experiments/2026-12-07-q4-pipeline/q4_pipe.py build --out .gpu/q4pipe [--run 2]   # here
     python3 experiments/2026-12-07-q4-pipeline/q4_pipe.py run --dir .gpu/q4pipe --json out.json   # there
 
 The 2026-12-04 ncu run found the super-chunk kernel bound by issuing instructions (~49 a chunk in its
@@ -57,12 +57,21 @@ VARIANTS_1 = {
     "xlo1u2": _on(*ST, "GM_QPIPE", "GM_QXLO", "GM_QPAIR_ORDER") + ["-DGM_UQ(MT)=2"],
     "xlo1u8": _on(*ST, "GM_QPIPE", "GM_QXLO", "GM_QPAIR_ORDER") + ["-DGM_UQ(MT)=8"],
 }
-RUNS = {1: {"sources": "9b81802", "base": "5ee1bd9", "base_pair_order": 0, "variants": VARIANTS_1}}
+# Run 2 (q4_xsm_<card>.json; built, not yet run): a8e5cd6's sources with xsm.patch, where at M > 8 x's 16
+# rows are staged in shared memory a round ahead by cp.async (GM_QXSM) with 2 fetches a round
+# (GM_QXSM_U; 4 spill), against a8e5cd6's object (run 1's xlo1).
+VARIANTS_2 = {
+    "xsm": ["-DGM_QXSM=1", "-DGM_QXSM_U=2"],
+    "xsmu4": ["-DGM_QXSM=1", "-DGM_QXSM_U=4"],
+}
+RUNS = {1: {"sources": "9b81802", "base": "5ee1bd9", "base_pair_order": 0, "variants": VARIANTS_1},
+        2: {"sources": "a8e5cd6", "patch": "xsm.patch", "base": "a8e5cd6", "base_pair_order": 1,
+            "variants": VARIANTS_2}}
 
 
 def build(out: Path, run: int) -> None:
-    """RUN's variants from the kernel sources of RUNS[run]["sources"] (a commit, or None: the working
-    tree), its base the 4-bit object committed at RUNS[run]["base"]."""
+    """RUN's variants from the kernel sources of the commit RUNS[run]["sources"] (with RUNS[run]["patch"],
+    in this folder, applied), its base the 4-bit object committed at RUNS[run]["base"]."""
     sys.path.insert(0, str(ROOT))
     from dflash_iree.kernels.build import CLANG, targets
     from dflash_iree.kernels.gemm import gemm_plan
@@ -79,13 +88,13 @@ def build(out: Path, run: int) -> None:
     (out / "bf16.ptx").write_bytes(show(spec["base"], "kernels/objects/gemm_sm_80.ptx"))
     meta = [{"name": "base", "file": "base.ptx", "defines": [], "qsc": 4, "pair_order": spec["base_pair_order"]}]
     with tempfile.TemporaryDirectory() as tmp:
-        src = ROOT / "kernels"
-        if spec["sources"]:
-            for path in (f"kernels/{folder}/gemm_body.h", f"kernels/{folder}/gemm_gpu.cu", "kernels/gpu.h"):
-                dst = Path(tmp) / path
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                dst.write_bytes(show(spec["sources"], path))
-            src = Path(tmp) / "kernels"
+        for path in (f"kernels/{folder}/gemm_body.h", f"kernels/{folder}/gemm_gpu.cu", "kernels/gpu.h"):
+            dst = Path(tmp) / path
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            dst.write_bytes(show(spec["sources"], path))
+        if spec.get("patch"):
+            subprocess.run(["git", "apply", str(Path(__file__).parent / spec["patch"])], cwd=tmp, check=True)
+        src = Path(tmp) / "kernels"
         for name, defs in spec["variants"].items():
             subprocess.run([CLANG, *args, *defs, "-o", str(out / f"{name}.ptx")], cwd=src / folder, check=True)
             meta.append({"name": name, "file": f"{name}.ptx", "defines": defs, "qsc": 4,
