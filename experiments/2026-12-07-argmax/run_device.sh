@@ -1,0 +1,27 @@
+#!/bin/bash
+# On the H200 (or an H100), one call for three experiments, in the order of what matters most in case
+# the call is cut short. Host steps: bench/speed_8b.py prepare --blocks 16 --variant am (this tree:
+# the two-level argmax) beside .gpu/8b-b16-sm_80 (the tree before it); 8b-q4-b16-sm_80 and the variants
+# of experiments/2026-12-07-q4-pipeline/run_xsm.sh; attn_raw.py build (experiments/2026-12-07-decode-attention/);
+# bench/pack_device.py wheels, artifacts 8b-q4-b16-sm_80 8b-b16-sm_80 8b-b16am-sm_80; (cd .gpu && zip -r ptx.zip q4xsm attn).
+# Carry [".gpu/wheels", ".gpu/artifacts.zip", ".gpu/ptx.zip"]:
+#   bash bench/on_device.sh bash experiments/2026-12-07-argmax/run_device.sh
+set -uo pipefail
+out=${OUT:-/tmp/out}
+(cd .gpu && python3 -m zipfile -e ptx.zip .)
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$out/gpu.csv" 2>&1
+card=$(python3 -c "import torch; n = torch.cuda.get_device_name(0); print('h200' if 'H200' in n else 'h100' if 'H100' in n else 'gpu')")
+t0=$(date +%s)
+step() { echo "== $1 ($(( $(date +%s) - t0 )) s)"; }
+step "4-bit GEMM, x in shared memory (q4_pipe run 2)"
+timeout 110 bash experiments/2026-12-07-q4-pipeline/run_device.sh .gpu/q4xsm q4_xsm
+step "the 8B at 4-bit with it, against bf16"
+timeout 170 python3 experiments/2026-12-03-q4-gpu/run_8b.py --profile --no-peer --bf16 .gpu/8b-b16-sm_80 \
+  --json "$out/q4_8b_xsm_$card.json" 2>&1 | grep -v Warning | tail -14
+step "the 8B at bf16: two-level argmax (am) against the build before (base), alternated"
+ln -sfn 8b-b16-sm_80 .gpu/8b-b16base-sm_80
+timeout 200 python3 bench/speed_8b.py run --blocks 16 --variant am --against base --rounds 3 --profile --no-peers \
+  --json "$out/speed_8b_am_$card.json" 2>&1 | grep -v Warning | tail -24
+step "decode-shaped attention variants"
+OUT=$out timeout 100 bash experiments/2026-12-07-decode-attention/run_device.sh
+step "end"
