@@ -99,43 +99,7 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
     but returned -1 everywhere (seen on the H200: its initial value acts as -1). So the index comes
     from an int32 max over non-negative scores, max(where(x == max, V - i, 0)). A row holding NaN
     gives V.
-
-    A row that splits into chunks of 1024..4096 logits (`argmax_chunk`) goes in two levels: IREE
-    gives a reduction one workgroup a row, and one workgroup over a [1, 151936] row took 0.13 ms of
-    the Qwen3-8B decode step on an H100 (experiments/2026-12-07-argmax/). Each chunk reduces in
-    parallel to its maximum and the first index of it; then the first chunk holding the row's
-    maximum gives the index. Max is exact, so the result is the same index, ties (+0 and -0
-    included) and NaN rows too.
-
-    Args:
-        x: float [..., V].
-
-    Returns:
-        int64 [...]: the first index of the maximum, or V where the row holds a NaN.
     """
-    V = x.shape[-1]
-    c = argmax_chunk(V)
-    if c is None:
-        return _argmax_flat(x)
-    n = V // c
-    xc = x.reshape(*x.shape[:-1], n, c)
-    m = xc.amax(-1)  # [..., n]; NaN for a chunk holding one
-    rev = c - torch.arange(c, dtype=torch.int32, device=x.device)
-    local = c - torch.where(xc == m[..., None], rev, torch.zeros_like(rev)).amax(-1)  # [..., n] int32
-    reverse = V - (torch.arange(n, dtype=torch.int32, device=x.device) * c + local)  # V - the chunk's first index
-    best = torch.where(m == m.amax(-1, keepdim=True), reverse, torch.zeros_like(reverse)).amax(-1)
-    return (V - best).to(torch.int64)
-
-
-def argmax_chunk(V: int) -> int | None:
-    """The chunk `argmax` splits a row of V logits into: the least divisor of V in 1024..4096 that
-    leaves at least 8 chunks (no padding: a padded copy of the logits would cost a dispatch), or None
-    (one level). 1187 for Qwen3's 151936, 1280 for the Qwen3.5 family's 248320."""
-    return next((c for c in range(1024, 4097) if V % c == 0 and V // c >= 8), None)
-
-
-def _argmax_flat(x: torch.Tensor) -> torch.Tensor:
-    """`argmax` in one level: int64 [...] from float [..., V]."""
     V = x.shape[-1]
     reverse = V - torch.arange(V, dtype=torch.int32, device=x.device)  # V .. 1: the first index scores highest
     best = torch.where(x == x.amax(-1, keepdim=True), reverse, torch.zeros_like(reverse)).amax(-1)

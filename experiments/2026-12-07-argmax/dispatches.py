@@ -1,6 +1,7 @@
 """What IREE makes of the graph's argmax over a [1, T, 151936] row, one level against two
 (export/sampling.py `argmax`), for sm_80, gfx1151 and the host: the dispatches and, on the host,
-microseconds a call (IREE's local-task driver, this machine).
+microseconds a call (IREE's local-task driver, this machine). Needs argmax.patch applied (`git apply
+experiments/2026-12-07-argmax/argmax.patch`): it imports the two-level `argmax` and `_argmax_flat`.
 
     .venv/bin/python experiments/2026-12-07-argmax/dispatches.py > experiments/2026-12-07-argmax/dispatches.txt
 """

@@ -1,7 +1,7 @@
 #!/bin/bash
 # On the H200 (or an H100), one call for three experiments, in the order of what matters most in case
-# the call is cut short. Host steps: bench/speed_8b.py prepare --blocks 16 --variant am (this tree:
-# the two-level argmax) beside .gpu/8b-b16-sm_80 (the tree before it); 8b-q4-b16-sm_80 and the variants
+# the call is cut short. Host steps: `git apply experiments/2026-12-07-argmax/argmax.patch`, bench/speed_8b.py
+# prepare --blocks 16 --variant am (the two-level argmax), the patch reverted, beside .gpu/8b-b16-sm_80 (the tree without it); 8b-q4-b16-sm_80 and the variants
 # of experiments/2026-12-07-q4-pipeline/run_xsm.sh; attn_raw.py build (experiments/2026-12-07-decode-attention/);
 # bench/pack_device.py wheels, artifacts 8b-q4-b16-sm_80 8b-b16-sm_80 8b-b16am-sm_80; (cd .gpu && zip -r ptx.zip q4xsm attn).
 # Carry [".gpu/wheels", ".gpu/artifacts.zip", ".gpu/ptx.zip"]:
@@ -15,13 +15,24 @@ t0=$(date +%s)
 step() { echo "== $1 ($(( $(date +%s) - t0 )) s)"; }
 step "4-bit GEMM, x in shared memory (q4_pipe run 2)"
 timeout 110 bash experiments/2026-12-07-q4-pipeline/run_device.sh .gpu/q4xsm q4_xsm
-step "the 8B at 4-bit with it, against bf16"
-timeout 170 python3 experiments/2026-12-03-q4-gpu/run_8b.py --profile --no-peer --bf16 .gpu/8b-b16-sm_80 \
-  --json "$out/q4_8b_xsm_$card.json" 2>&1 | grep -v Warning | tail -14
 step "the 8B at bf16: two-level argmax (am) against the build before (base), alternated"
 ln -sfn 8b-b16-sm_80 .gpu/8b-b16base-sm_80
 timeout 200 python3 bench/speed_8b.py run --blocks 16 --variant am --against base --rounds 3 --profile --no-peers \
   --json "$out/speed_8b_am_$card.json" 2>&1 | grep -v Warning | tail -24
 step "decode-shaped attention variants"
 OUT=$out timeout 100 bash experiments/2026-12-07-decode-attention/run_device.sh
+step "the 8B at 4-bit with it, against bf16 (only where x in shared memory wins at M = 16)"
+gain=$(python3 - "$out/q4_xsm_$card.json" <<'PY'
+import json, sys
+try:
+    rows = json.load(open(sys.argv[1]))["rows"]
+except Exception:
+    print(0); sys.exit()
+t = {(r["variant"], r["N"], r["K"], r["M"]): r["us"] for r in rows}
+r16 = [t[("xsm", N, K, 16)] / t[("base", N, K, 16)] for (v, N, K, M) in t if v == "base" and M == 16 and ("xsm", N, K, 16) in t]
+print(int(bool(r16) and min(r16) < 0.95))
+PY
+)
+[ "$gain" = 1 ] && timeout 170 python3 experiments/2026-12-03-q4-gpu/run_8b.py --profile --no-peer --bf16 .gpu/8b-b16-sm_80 \
+  --json "$out/q4_8b_xsm_$card.json" 2>&1 | grep -v Warning | tail -14
 step "end"
