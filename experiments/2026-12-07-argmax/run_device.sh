@@ -19,6 +19,11 @@ step "the 8B at bf16: two-level argmax (am) against the build before (base), alt
 ln -sfn 8b-b16-sm_80 .gpu/8b-b16base-sm_80
 timeout 200 python3 bench/speed_8b.py run --blocks 16 --variant am --against base --rounds 3 --profile --no-peers \
   --json "$out/speed_8b_am_$card.json" 2>&1 | grep -v Warning | tail -24
+step "the patch's tokens: the tiny float32 pair against eager, the demo pair drafted == plain, decode's logits row == verify's"
+# (artifacts of `bench/gpu_check.py prepare --arch sm_80` and `bench/row_invariance_check.py prepare --arch sm_80
+# --models demo`, built with argmax.patch applied, where present)
+[ -d .gpu/tiny-sm_80 ] && timeout 120 python3 bench/gpu_check.py run --device cuda --json "$out/gpu_check_am_$card.json" 2>&1 | tail -14
+[ -d .gpu/rows-sm_80 ] && timeout 90 python3 bench/row_invariance_check.py run --json "$out/row_invariance_am_$card.json" 2>&1 | tail -10
 step "decode-shaped attention variants"
 OUT=$out timeout 100 bash experiments/2026-12-07-decode-attention/run_device.sh
 step "the 8B at 4-bit with it, against bf16 (only where x in shared memory wins at M = 16)"
