@@ -116,32 +116,15 @@ class Harness:
         self.fns[name]((b["chunks"], HKV * b["RG"], 1), (256, 1, 1), args, stream=st)
 
     def time_layers(self, name: str, b: dict, replays: int = 20) -> float:
-        """Microseconds a layer: a CUDA graph of one launch per layer, median over REPLAYS."""
-        torch = self.torch
+        """Microseconds a layer: a CUDA graph of one launch per layer (bench/gemm_bench.py's timer)."""
+        sys.path.insert(0, str(ROOT / "bench"))
+        from gemm_bench import _time_graph
 
         def fn():
             for layer in range(L):
                 self.launch(name, b, layer)
 
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            fn()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        g.replay()
-        torch.cuda.synchronize()
-        ts = []
-        for _ in range(replays):
-            a, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            g.replay()
-            e.record()
-            torch.cuda.synchronize()
-            ts.append(a.elapsed_time(e) * 1e3 / L)
-        return statistics.median(ts)
+        return _time_graph(fn, L, replays) * 1e6
 
 
 def run(d: Path, out_json: Path) -> None:
