@@ -3,7 +3,8 @@
 # the call is cut short. Host steps: `git apply experiments/2026-12-07-argmax/argmax.patch`, bench/speed_8b.py
 # prepare --blocks 16 --variant am (the two-level argmax), the patch reverted, beside .gpu/8b-b16-sm_80 (the tree without it); 8b-q4-b16-sm_80 and the variants
 # of experiments/2026-12-07-q4-pipeline/run_xsm.sh; attn_raw.py build (experiments/2026-12-07-decode-attention/);
-# bench/pack_device.py wheels, artifacts 8b-q4-b16-sm_80 8b-b16-sm_80 8b-b16am-sm_80; (cd .gpu && zip -r ptx.zip q4xsm attn).
+# bench/pack_device.py wheels, artifacts 8b-q4-b16-sm_80 8b-b16-sm_80 8b-b16am-sm_80; (cd .gpu && zip -r ptx.zip q4xsm attn splits); .gpu/splits: the committed
+# gemm_sm_80.ptx and a variants.json of k splits (6144x4096 1,2,4; 4096x4096 2,4,8; 4096x12288 2,3,4,6).
 # Carry [".gpu/wheels", ".gpu/artifacts.zip", ".gpu/ptx.zip"]:
 #   bash bench/on_device.sh bash experiments/2026-12-07-argmax/run_device.sh
 set -uo pipefail
@@ -40,4 +41,7 @@ PY
 )
 [ "$gain" = 1 ] && timeout 170 python3 experiments/2026-12-03-q4-gpu/run_8b.py --profile --no-peer --bf16 .gpu/8b-b16-sm_80 \
   --json "$out/q4_8b_xsm_$card.json" 2>&1 | grep -v Warning | tail -14
+step "the bf16 GEMM's k splits, the committed object at M = 1 and 16 (raw, .gpu/splits: variants.json of splits per shape)"
+[ -d .gpu/splits ] && timeout 90 python3 bench/gemm_bench.py run --ptx .gpu/splits --ms 1,16 \
+  --shapes 6144x4096,4096x4096,4096x12288 --json "$out/gemm_splits_$card.json" 2>&1 | grep "^raw"
 step "end"
