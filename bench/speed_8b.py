@@ -185,6 +185,7 @@ def _iree_steps(folder: Path, indexes: dict, device, rows: int, profile: bool = 
         tok = pair.decode(tok, start + i)
         ref.append(tok)
     rewind()
+    out["decode_tokens"] = ref  # two builds of one export on the same weights: equal where they compute the same tokens
     out["decode_ahead_same_tokens"] = list(pair.decode_ahead(first, start, 16)) == ref
     # verify over decode's own tokens must pick them again, except at a bf16 near-tie: a check of the
     # verify graph's custom dispatches (GEMMs and their epilogues, block attention) against decode's
@@ -352,11 +353,14 @@ ALTERNATED = ("decode", "decode_ahead", "verify", "draft", "round_fused")
 def _alternate(arch: str, block: int, variants: list[str], rounds: int, indexes, device, rows: int) -> dict:
     """Two builds side by side in this one process: each variant's steps measured in turn, `rounds`
     times; per variant and step the median of each round's median (ms), and the ratio of the first
-    variant to the second (this build over the one it is compared with)."""
+    variant to the second (this build over the one it is compared with); and each variant's 16 decoded
+    tokens from the same start (equal where the two builds compute the same tokens)."""
     runs: dict = {v: {k: [] for k in ALTERNATED} for v in variants}
+    tokens: dict = {}
     for i in range(rounds):
         for v in variants:
             r = _iree_steps(artifact_dir(arch, block, v), indexes, device, rows)
+            tokens.setdefault(v, r["decode_tokens"])
             for k in ALTERNATED:
                 if k in r:
                     runs[v][k].append(r[k]["median_ms"])
@@ -364,8 +368,10 @@ def _alternate(arch: str, block: int, variants: list[str], rounds: int, indexes,
                                                               if runs[v][k]), flush=True)
     med = {v: {k: statistics.median(ms) for k, ms in steps.items() if ms} for v, steps in runs.items()}
     a, b = variants
+    print(f"decode tokens, {a or 'this build'} == {b}: {tokens[a] == tokens[b]}", flush=True)
     return {"variants": variants, "rounds": rounds, "block": block, "runs_ms": runs, "median_ms": med,
-            "ratio": {k: round(med[a][k] / med[b][k], 4) for k in med[a] if k in med[b]}}
+            "ratio": {k: round(med[a][k] / med[b][k], 4) for k in med[a] if k in med[b]},
+            "decode_tokens": tokens, "same_decode_tokens": tokens[a] == tokens[b]}
 
 
 def _prepare_options(p) -> None:
