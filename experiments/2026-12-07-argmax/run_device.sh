@@ -3,7 +3,8 @@
 # the call is cut short. Host steps: `git apply experiments/2026-12-07-argmax/argmax.patch`, bench/speed_8b.py
 # prepare --blocks 16 --variant am (the two-level argmax), the patch reverted, beside .gpu/8b-b16-sm_80 (the tree without it); 8b-q4-b16-sm_80 and the variants
 # of experiments/2026-12-07-q4-pipeline/run_xsm.sh; attn_raw.py build (experiments/2026-12-07-decode-attention/);
-# bench/pack_device.py wheels, artifacts 8b-q4-b16-sm_80 8b-b16-sm_80 8b-b16am-sm_80; (cd .gpu && zip -r ptx.zip q4xsm attn splits); .gpu/splits: the committed
+# bench/pack_device.py wheels, artifacts 8b-q4-b16-sm_80 8b-b16-sm_80 8b-b16am-sm_80
+# tiny tiny-sm_80 expected.json; (cd .gpu && zip -r ptx.zip q4xsm attn splits); .gpu/splits: the committed
 # gemm_sm_80.ptx and a variants.json of k splits (6144x4096 1,2,4; 4096x4096 2,4,8; 4096x12288 2,3,4,6).
 # Carry [".gpu/wheels", ".gpu/artifacts.zip", ".gpu/ptx.zip"]:
 #   bash bench/on_device.sh bash experiments/2026-12-07-argmax/run_device.sh
@@ -23,8 +24,10 @@ timeout 200 python3 bench/speed_8b.py run --blocks 16 --variant am --against bas
 step "the patch's tokens: the tiny float32 pair against eager, the demo pair drafted == plain, decode's logits row == verify's"
 # (artifacts of `bench/gpu_check.py prepare --arch sm_80` and `bench/row_invariance_check.py prepare --arch sm_80
 # --models demo`, built with argmax.patch applied, where present)
-[ -d .gpu/tiny-sm_80 ] && timeout 120 python3 bench/gpu_check.py run --device cuda --json "$out/gpu_check_am_$card.json" 2>&1 | tail -14
-[ -d .gpu/rows-sm_80 ] && timeout 90 python3 bench/row_invariance_check.py run --json "$out/row_invariance_am_$card.json" 2>&1 | tail -10
+# (the demo pair's checks need models/demo, which the 64 MiB carry leaves out: then the tiny pair only)
+only=$([ -d models/demo/target ] || echo --tiny-only)
+[ -d .gpu/tiny-sm_80 ] && timeout 120 python3 bench/gpu_check.py run --device cuda $only --json "$out/gpu_check_am_$card.json" 2>&1 | tail -14
+[ -d models/demo/target ] && [ -d .gpu/rows-sm_80 ] && timeout 90 python3 bench/row_invariance_check.py run --json "$out/row_invariance_am_$card.json" 2>&1 | tail -10
 step "decode-shaped attention variants"
 OUT=$out timeout 100 bash experiments/2026-12-07-decode-attention/run_device.sh
 step "the 8B at 4-bit with it, against bf16 (only where x in shared memory wins at M = 16)"
