@@ -99,7 +99,44 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
     but returned -1 everywhere (seen on the H200: its initial value acts as -1). So the index comes
     from an int32 max over non-negative scores, max(where(x == max, V - i, 0)). A row holding NaN
     gives V.
+
+    A single row (decode's) of at least 8 chunks of ARGMAX_CHUNK logits goes in two levels: IREE gives
+    a reduction one workgroup a row, and one workgroup over a [1, 151936] row took 0.13 ms of the
+    Qwen3-8B decode step on an H100. The row is padded with -inf to whole chunks; each chunk reduces in parallel to
+    its maximum and the first index of it; then the first chunk holding the row's maximum gives the
+    index. Max is exact, so the result is the same index, ties (+0 and -0 included) and NaN rows too.
+    Chunks that divide V exactly would save the padding copy, but 151936 = 128 x 1187 (a prime), and
+    IREE 3.13 runs a reduction over 1187 nearly serially: on an H100 that form was 2.3x slower than
+    one level; the padded one made the 8B decode step 0.979x the time. Several rows (verify, draft)
+    keep one level: there IREE copies the rows into the padded buffer with a slow strided copy, and
+    the 8B verify and draft steps took 1.01x and 1.04x the time (experiments/2026-12-07-argmax/).
+    The index is exact in either form, so the choice per row count leaves row invariance alone.
+
+    Args:
+        x: float [..., V].
+
+    Returns:
+        int64 [...]: the first index of the maximum, or V where the row holds a NaN.
     """
+    V, c = x.shape[-1], ARGMAX_CHUNK
+    n = -(-V // c)
+    if n < 8 or x.numel() != V:
+        return _argmax_flat(x)
+    xc = torch.nn.functional.pad(x, (0, n * c - V), value=float("-inf")).reshape(*x.shape[:-1], n, c)
+    m = xc.amax(-1)  # [..., n]; NaN for a chunk holding one
+    rev = c - torch.arange(c, dtype=torch.int32, device=x.device)
+    local = c - torch.where(xc == m[..., None], rev, torch.zeros_like(rev)).amax(-1)  # [..., n] int32
+    reverse = n * c - (torch.arange(n, dtype=torch.int32, device=x.device) * c + local)  # n c - the chunk's first index
+    best = torch.where(m == m.amax(-1, keepdim=True), reverse, torch.zeros_like(reverse)).amax(-1)
+    return (n * c - best).clamp(max=V).to(torch.int64)  # a NaN row: no chunk matches, n c -> V
+
+
+# Logits a chunk of `argmax`'s first level for one row (a power of two: IREE splits and vectorizes the reduction).
+ARGMAX_CHUNK = 4096
+
+
+def _argmax_flat(x: torch.Tensor) -> torch.Tensor:
+    """`argmax` in one level: int64 [...] from float [..., V]."""
     V = x.shape[-1]
     reverse = V - torch.arange(V, dtype=torch.int32, device=x.device)  # V .. 1: the first index scores highest
     best = torch.where(x == x.amax(-1, keepdim=True), reverse, torch.zeros_like(reverse)).amax(-1)

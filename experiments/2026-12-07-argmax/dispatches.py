@@ -1,7 +1,8 @@
 """What IREE makes of the graph's argmax over a [1, T, 151936] row, one level against two
 (export/sampling.py `argmax`), for sm_80, gfx1151 and the host: the dispatches and, on the host,
-microseconds a call (IREE's local-task driver, this machine). Needs argmax.patch applied (`git apply
-experiments/2026-12-07-argmax/argmax.patch`): it imports the two-level `argmax` and `_argmax_flat`.
+microseconds a call (IREE's local-task driver, this machine). It imports export/sampling.py's `argmax`
+and `_argmax_flat`: `dispatches_c1187.txt` was written with argmax.patch applied (chunks of 1187),
+`dispatches.txt` with the padded form the product took (chunks of 4096).
 
     .venv/bin/python experiments/2026-12-07-argmax/dispatches.py > experiments/2026-12-07-argmax/dispatches.txt
 """
