@@ -16,9 +16,9 @@ from dflash_iree.export.sampling import ARGMAX_CHUNK, _argmax_flat, argmax
 
 
 def _cases(V: int, seed: int = 0) -> torch.Tensor:
-    """float32 [12, V] rows, most with the maximum tied across chunks (integers: many ties)."""
+    """float32 [14, V] rows, most with the maximum tied across chunks (integers: many ties)."""
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(12, V, generator=g).round()
+    x = torch.randn(14, V, generator=g).round()
     c = ARGMAX_CHUNK if _levels(V) == 2 else V // 4  # one level: still past the first quarter
     for r in range(6):  # the maximum in several chunks, the first not in chunk 0
         for i in torch.randint(c, V, (3,), generator=g):
@@ -30,6 +30,8 @@ def _cases(V: int, seed: int = 0) -> torch.Tensor:
     x[9, V // 3] = -float("nan")
     x[10, V - 1] = float("inf")
     x[10, c + 1] = float("inf")
+    x[12, V - 1] = 100.0  # the only maximum, in the last (padded) chunk
+    x[13, V - 1] = float("nan")  # a NaN in the last chunk only
     return x
 
 
@@ -61,7 +63,7 @@ def test_argmax_is_torch_first_index(V):
         assert torch.equal(argmax(x[r:r + 1]), _reference(x[r:r + 1])), r
         assert torch.equal(argmax(x[r].reshape(1, 1, V)), _reference(x[r:r + 1]).reshape(1, 1))
     assert torch.equal(argmax(x), _reference(x))  # several rows: one level
-    assert torch.equal(argmax(x.reshape(3, 4, V)), _reference(x).reshape(3, 4))
+    assert torch.equal(argmax(x.reshape(2, 7, V)), _reference(x).reshape(2, 7))
 
 
 def test_the_cases_catch_a_broken_two_level_argmax():

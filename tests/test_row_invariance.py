@@ -113,14 +113,10 @@ def test_planted_without_the_row_invariant_flag_parts(debug_mlir):
 
 def test_planted_float_logits_part_at_a_tie(tmp_path, monkeypatch):
     """Planted: logits cast by `.float()` (a truncation IREE may fuse away) instead of `as_float32`:
-    at the bf16 tie decode takes the argmax of unrounded logits, verify of rounded ones. Whether IREE
-    fuses it away depends on the consumer: with the argmax in one level (as before 2026-12-07) it
-    does in the host's decode graph; with the two-level argmax in both graphs this prompt's tie
-    happens not to part, so the control keeps the one-level form."""
-    from dflash_iree.export import qwen3, sampling
+    at the bf16 tie decode takes the argmax of unrounded logits, verify of rounded ones."""
+    from dflash_iree.export import qwen3
 
     monkeypatch.setattr(qwen3, "as_float32", lambda x: x.float())
-    monkeypatch.setattr(sampling, "ARGMAX_CHUNK", 1 << 30)  # one level
     src, L, H, V = export_debug(tmp_path)
     parts = _parts(_rows(src, _host_flags(), L, H, V, prompt=TIE_PREFIX, block=TIE_BLOCK))
     assert parts["chosen"] > 0 and parts["logits"] == 0, parts
