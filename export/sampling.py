@@ -125,9 +125,9 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
     xc = torch.nn.functional.pad(x, (0, n * c - V), value=float("-inf")).reshape(*x.shape[:-1], n, c)
     m = xc.amax(-1)  # [..., n]; NaN for a chunk holding one
     rev = c - torch.arange(c, dtype=torch.int32, device=x.device)
-    local = c - torch.where(xc == m[..., None], rev, torch.zeros_like(rev)).amax(-1)  # [..., n] int32
+    local = c - _top_score(xc, m[..., None], rev)  # [..., n] int32
     reverse = n * c - (torch.arange(n, dtype=torch.int32, device=x.device) * c + local)  # n c - the chunk's first index
-    best = torch.where(m == m.amax(-1, keepdim=True), reverse, torch.zeros_like(reverse)).amax(-1)
+    best = _top_score(m, m.amax(-1, keepdim=True), reverse)
     return (n * c - best).clamp(max=V).to(torch.int64)  # a NaN row: no chunk matches, n c -> V
 
 
@@ -135,11 +135,17 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
 ARGMAX_CHUNK = 4096
 
 
+def _top_score(x: torch.Tensor, top: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """The largest of `scores` where x equals top (0 where none does): max(where(x == top, scores, 0)) over
+    the last dimension. x float [..., n], top broadcast to it, scores int32 [n] (positive) -> int32 [...]."""
+    return torch.where(x == top, scores, torch.zeros_like(scores)).amax(-1)
+
+
 def _argmax_flat(x: torch.Tensor) -> torch.Tensor:
     """`argmax` in one level: int64 [...] from float [..., V]."""
     V = x.shape[-1]
     reverse = V - torch.arange(V, dtype=torch.int32, device=x.device)  # V .. 1: the first index scores highest
-    best = torch.where(x == x.amax(-1, keepdim=True), reverse, torch.zeros_like(reverse)).amax(-1)
+    best = _top_score(x, x.amax(-1, keepdim=True), reverse)
     return (V - best).to(torch.int64)
 
 
