@@ -104,25 +104,41 @@ def test_write_cache_places_keys_and_values():
     assert torch.equal(cache, want)
 
 
+def _build_dynamo_tables() -> None:
+    """Have dynamo build its tables of torch functions now (each a functools.cache, torch 2.13)."""
+    from torch._dynamo.variables.torch import TorchInGraphFunctionVariable, tracing_state_functions
+
+    tracing_state_functions()
+    TorchInGraphFunctionVariable._get_handlers()
+    torch._dynamo.trace_rules.get_torch_obj_rule_map()
+
+
 def _compiled_graph_ops(target, monkeypatch, check) -> set[str]:
     """The call targets of the graph torch.compile captures for one decode step of target, with
     `torch.compiler.is_exporting()` answering True as dynamo makes it under torch.compile in torch
     releases before pytorch/pytorch#176499 (the H200's 2.11), and the model's export check replaced by `check`."""
     from dflash_iree.export import ops
 
-    # True while dynamo traces (torch.compile itself checks the flag first, in eager, and must see False)
-    monkeypatch.setattr(torch.compiler, "is_exporting", lambda: torch.compiler.is_compiling())
-    monkeypatch.setattr(ops, "exporting", check)
     graphs = []
 
     def backend(gm, inputs):
         graphs.append(gm)
         return gm.forward
 
-    torch._dynamo.reset()
-    step = torch.compile(lambda tok, start: target(tok, start)[0], backend=backend, fullgraph=True)
-    with torch.no_grad():
-        step(torch.tensor([[11]]), torch.tensor([3]))
+    # dynamo builds its tables of torch functions (the tracing-state ones, their handlers, its map of
+    # torch objects by name) once, the first time it traces. Built while the stand-in below is in
+    # place, they would hold the stand-in, not the real is_exporting: the stand-in would then answer
+    # the real flag (False) rather than be traced, and every later torch.export in this process would
+    # refuse the real function (tests/test_splice.py run after this file). So they are built first.
+    _build_dynamo_tables()
+    with monkeypatch.context() as patch:
+        # True while dynamo traces (torch.compile itself checks the flag first, in eager, and must see False)
+        patch.setattr(torch.compiler, "is_exporting", lambda: torch.compiler.is_compiling())
+        patch.setattr(ops, "exporting", check)
+        torch._dynamo.reset()
+        step = torch.compile(lambda tok, start: target(tok, start)[0], backend=backend, fullgraph=True)
+        with torch.no_grad():
+            step(torch.tensor([[11]]), torch.tensor([3]))
     torch._dynamo.reset()
     return {str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"}
 
