@@ -5,9 +5,9 @@
 # bench/speed_8b.py prepare --arch sm_80 --blocks 16 --variant np (this tree; `pre`, the build before, is
 # .gpu/8b-b16pre-sm_80 of 3df3f79, whose product code HEAD f41a583 still is); bench/row_invariance_check.py
 # prepare --arch sm_80 --models demo 8b --builds row-invariant planted-split; bench/gpu_check.py prepare
-# --arch sm_80; bench/pack_device.py wheels and artifacts of those folders. Carry [".gpu/wheels",
-# ".gpu/artifacts.zip", ".gpu/nprobe"], models/demo's target and drafter in the tree, models/demo-qwen35,
-# models/demo/drafter2 and the other archs' kernel objects out of it (the 64 MiB carry):
+# --arch sm_80; bench/pack_device.py wheels and artifacts of those folders and nprobe (the rows' .mlirbc
+# left out). Carry [".gpu/wheels", ".gpu/artifacts.zip"], models/demo's target and drafter in the tree,
+# models/demo-qwen35, models/demo/{drafter-b16, drafter2} and kernels/objects/* out of it (the 64 MiB carry):
 #   bash bench/on_device.sh bash experiments/2026-12-07-norm-prologue/run_device.sh
 set -uo pipefail
 out=${OUT:-/tmp/out}
