@@ -3,15 +3,15 @@ row-invariant build at the Qwen3-8B shape, read from the committed code objects,
 
     .venv/bin/python bench/gfx_decode_inspect.py [--archs gfx1100 gfx1151] [--json OUT.json]
 
-Per arch and decode dispatch (a layer's q/k/v group, o_proj + residual, gate/up + SwiGLU,
-down_proj + residual, lm_head, and the block attention over the cache at R = 4 query rows a KV
-head), from the objects' AMDGPU metadata (kernels/isa.py) and the dispatch plan (kernels/gemm
-`gemm_plan`): VGPRs, spills, scratch, LDS; waves a SIMD can hold (VGPRs and LDS); the workgroups the
-plan launches and the waves a CU then gets; the weight bytes each wave keeps in flight, and the sum
-over the GPU against the bytes in flight that the memory's bandwidth x latency product asks for
-(Little's law). A ratio of 1 or more says the kernel keeps enough requests in flight to reach the
-memory's bandwidth, so its fraction of bandwidth is estimated as the memory system's own (what a
-copy reaches), not less; below 1, as that ratio of it.
+Per arch and decode dispatch (a layer's q/k/v group and gate/up + SwiGLU, each with the RMSNorm
+before it in its prologue, o_proj + residual, down_proj + residual, lm_head, and the block attention
+over the cache at R = 4 query rows a KV head), from the objects' AMDGPU metadata (kernels/isa.py)
+and the dispatch plan (kernels/gemm `gemm_plan`): VGPRs, spills, scratch, LDS; waves a SIMD can hold
+(VGPRs and LDS); the workgroups the plan launches and the waves a CU then gets; the weight bytes
+each wave keeps in flight, and the sum over the GPU against the bytes in flight that the memory's
+bandwidth x latency product asks for (Little's law). A ratio of 1 or more says the kernel keeps
+enough requests in flight to reach the memory's bandwidth, so its fraction of bandwidth is estimated
+as the memory system's own (what a copy reaches), not less; below 1, as that ratio of it.
 
 Hardware figures (assumptions, per arch, in HW): wave32; 1536 VGPRs a SIMD lane, allocated in blocks
 of 24 (RDNA3's register file, 192 KiB a SIMD), 16 waves a SIMD at most, 2 SIMDs a CU, 64 KiB LDS a
@@ -35,8 +35,8 @@ HW = {
 VGPRS, VGPR_BLOCK, MAX_WAVES, SIMDS, LDS = 1536, 24, 16, 2, 64 * 1024
 # Qwen3-8B decode: (name, weights' rows, K, kernel entry point, epilogue)
 H, KV, I, V = 4096, 1024, 12288, 151936
-DECODE = (("q/k/v", (H, KV, KV), H, "dflash_gemm3_mt1", None), ("o_proj + residual", (H,), H, "dflash_gemm_res_mt1", "residual"),
-          ("gate/up + SwiGLU", (I, I), H, "dflash_swiglu_mt1", "swiglu"), ("down_proj + residual", (H,), I,
+DECODE = (("norm + q/k/v", (H, KV, KV), H, "dflash_gemm3_norm_mt1", None), ("o_proj + residual", (H,), H, "dflash_gemm_res_mt1", "residual"),
+          ("norm + gate/up + SwiGLU", (I, I), H, "dflash_swiglu_norm_mt1", "swiglu"), ("down_proj + residual", (H,), I,
                                                                             "dflash_gemm_res_mt1", "residual"),
           ("lm_head", (V,), H, "dflash_gemm_mt1", None))
 # HIP layer (kernels/gemm/gemm_gpu.cu): GM_U chunks in flight of GM_CW tiles, a tile 16 columns x 16 k bf16

@@ -18,6 +18,14 @@ none, "sym"), which dequantizes in registers; their bf16 scales and biases are r
 format is the op's: all its weights alike). Where the kernel does not take them they stay IREE's
 (the host); a GPU compile refuses that beforehand (export/compile.py).
 
+The RMSNorm a `linear` or `linear_swiglu` op carries (its `norm`, `eps`: the layer's input_layernorm
+before q, k and v, post_attention_layernorm before gate and up) goes with the GEMM: decode's one row
+takes the GEMM entry point that normalizes x in its prologue (kernels/gemm `norm_fused`), so the norm
+costs no dispatch of its own; other row counts take the norm's own dispatch (`norm_dispatch`) then
+the GEMM. Both compute a row's norm in one order (kernels/gemm/gemm_body.h gm_rms_rinv): the rows have
+the same bits either way. A norm the kernel does not take, or an op with a weight left to IREE,
+gives the whole op to IREE (its reference, the norm included).
+
 `row_invariant=False` gives the rules before (benches and the A/B of docs/benchmarks.md): M = 1
 keeps IREE's matvecs but for a layer's q, k and v, epilogues from M = GEMM_MIN_M, and a weight floor.
 """
@@ -28,8 +36,8 @@ import re
 
 from dflash_iree.errors import DFlashError
 
-from .mlir import (add_functions, builtin_type, constant_int, emit_call, find_ops, list_operands, op_name,
-                   replace_with_values, reshape_text)
+from .mlir import (add_functions, builtin_type, constant_float, constant_int, emit_call, find_ops, is_none,
+                   list_operands, op_name, replace_with_values, reshape_text)
 from .lowered import Lowered, has_kernel
 from .ops import LINEAR_OP, LINEAR_RESIDUAL_OP, LINEAR_SWIGLU_OP
 
@@ -107,29 +115,44 @@ def _quant(rest) -> tuple[object, list, list, str | None]:
 
 
 def _gemm_function(M: int, Ns: tuple, K: int, arch: str, x_t: str, out_ts: list[str], epilogue: str | None,
-                   module, quant=None) -> tuple[str, object]:
-    """Add the kernel for (M, Ns, K[, epilogue][, quant]) and a wrapper taking x_t and giving out_ts;
-    returns (the wrapper's name, the GemmDispatch)."""
-    from dflash_iree.kernels.gemm import gemm_dispatch, weight_types
+                   module, quant=None, norm: float | None = None) -> tuple[str, object]:
+    """Add the kernel for (M, Ns, K[, epilogue][, quant][, norm]) and a wrapper taking x_t (with NORM, an
+    RMSNorm's eps: and the norm's weight [K] after it) and giving out_ts; returns (the wrapper's name,
+    the GemmDispatch)."""
+    from dflash_iree.kernels.gemm import gemm_dispatch, norm_dispatch, norm_fused, weight_types
+    from dflash_iree.kernels.hal import f32_bits
 
     name = f"dflash_gemm_{M}x{'_'.join(map(str, Ns))}x{K}" + (f"_q4{quant.fmt}{quant.group}" if quant else "")
+    fused = norm is not None and norm_fused(M, len(Ns), epilogue, quant)
+    if fused:
+        name += f"_norm{f32_bits(norm)}"
     if epilogue:
         shape = out_ts[0][len("tensor<"):-1].split("x")[:-1]
         name += f"_{epilogue}_{'x'.join(shape)}"
-        d = gemm_dispatch(M, Ns, K, arch, name=name, epilogue=epilogue, out_shape=tuple(map(int, shape)), quant=quant)
+        d = gemm_dispatch(M, Ns, K, arch, name=name, epilogue=epilogue, out_shape=tuple(map(int, shape)), quant=quant,
+                          norm=norm if fused else None)
     else:
-        d = gemm_dispatch(M, Ns, K, arch, name=name, quant=quant)
+        d = gemm_dispatch(M, Ns, K, arch, name=name, quant=quant, norm=norm if fused else None)
     flat = f"tensor<{M}x{K}xbf16>"
-    if x_t == flat and (epilogue or out_ts == [f"tensor<{M}x{n}xbf16>" for n in Ns]):
+    if norm is None and x_t == flat and (epilogue or out_ts == [f"tensor<{M}x{n}xbf16>" for n in Ns]):
         add_functions(module, d.mlir)
         return name, d
     w_ts = weight_types(Ns, K, quant)
-    ins = [f"%w{i}: {t}" for i, t in enumerate(w_ts)] + ([f"%r: {out_ts[0]}"] if epilogue == "residual" else [])
+    nw_t = f"tensor<{K}xbf16>"
+    ins = (([f"%nw: {nw_t}"] if norm is not None else []) + [f"%w{i}: {t}" for i, t in enumerate(w_ts)]
+           + ([f"%r: {out_ts[0]}"] if epilogue == "residual" else []))
     line, xv = reshape_text("%x", x_t, flat)
     body = line
-    args = [xv] + [f"%w{i}" for i in range(len(w_ts))] + (["%r"] if epilogue == "residual" else [])
+    d_mlir = d.mlir
+    if norm is not None and not fused:  # the norm's own dispatch, then the GEMM on its rows
+        nd = f"dflash_rms_norm_{M}x{K}_{f32_bits(norm)}"
+        d_mlir = norm_dispatch(M, K, norm, arch, name=nd) + d_mlir
+        body += f"    %xn = util.call @{nd}({xv}, %nw) : ({flat}, {nw_t}) -> {flat}\n"
+        xv = "%xn"
+    args = ([xv] + (["%nw"] if fused else []) + [f"%w{i}" for i in range(len(w_ts))]
+            + (["%r"] if epilogue == "residual" else []))
     kernel_ts = out_ts if epilogue else [f"tensor<{M}x{n}xbf16>" for n in Ns]
-    arg_ts = [flat] + w_ts + ([out_ts[0]] if epilogue == "residual" else [])
+    arg_ts = [flat] + ([nw_t] if fused else []) + w_ts + ([out_ts[0]] if epilogue == "residual" else [])
     body += (f"    %y:{len(kernel_ts)} = util.call @{name}({', '.join(args)}) : ({', '.join(arg_ts)}) -> "
              f"({', '.join(kernel_ts)})\n")
     outs = []
@@ -137,8 +160,8 @@ def _gemm_function(M: int, Ns: tuple, K: int, arch: str, x_t: str, out_ts: list[
         line, v = reshape_text(f"%y#{i}", kt, ot)
         body += line.replace(f"%y#{i}_r", f"%o{i}")
         outs.append(f"%o{i}" if line else v)
-    wrapper = f"{name}_{x_t[len('tensor<'):-len('xbf16>')]}"
-    add_functions(module, d.mlir + f"util.func private @{wrapper}(%x: {x_t}, {', '.join(ins)}) -> "
+    wrapper = f"{name}_{x_t[len('tensor<'):-len('xbf16>')]}" + (f"_n{f32_bits(norm)}" if norm is not None and not fused else "")
+    add_functions(module, d_mlir + f"util.func private @{wrapper}(%x: {x_t}, {', '.join(ins)}) -> "
                           f"({', '.join(out_ts)}) {{\n{body}    util.return {', '.join(outs)} : {', '.join(out_ts)}\n}}\n")
     return wrapper, d
 
@@ -160,7 +183,7 @@ def lower_linear(module, arch: str, min_weight_bytes: int = GEMM_MIN_WEIGHT_BYTE
         DFlashError: an op whose operands are not as export/ops.py documents them, or what
             `gemm_dispatch` refuses (a missing object).
     """
-    from dflash_iree.kernels.gemm import MAX_WEIGHTS
+    from dflash_iree.kernels.gemm import MAX_WEIGHTS, norm_why_unsupported
 
     ops = [op for name in LINEAR_OPS for op in find_ops(module, "torch.operator", name)]
     if not ops:
@@ -181,6 +204,10 @@ def lower_linear(module, arch: str, min_weight_bytes: int = GEMM_MIN_WEIGHT_BYTE
             refs, residual, rest = [op.operands[3]], op.operands[2], list(op.operands[4:])
         else:
             refs, residual, rest = [op.operands[2]], None, list(op.operands[3:])
+        norm_w, eps = None, None  # the op's RMSNorm (linear, linear_swiglu: rest[3:5])
+        if name != LINEAR_RESIDUAL_OP and len(rest) == 5:
+            norm_w, eps = (None, None) if is_none(rest[3]) else (rest[3], constant_float(rest[4]))
+            rest = rest[:3]
         if len(rest) != 3 or (name == LINEAR_SWIGLU_OP and len(weights) != 2) or (
                 name == LINEAR_RESIDUAL_OP and len(weights) != 1) or (name == LINEAR_OP and len(weights) != len(refs)):
             raise DFlashError(f"splice: {name} has operands {len(op.operands)} / weights {len(weights)} other than "
@@ -191,11 +218,14 @@ def lower_linear(module, arch: str, min_weight_bytes: int = GEMM_MIN_WEIGHT_BYTE
         why = why or qwhy or xwhy
         if why is None and name != LINEAR_OP and not epilogues:
             why = "epilogues off"
+        if why is None and norm_w is not None:
+            why = norm_why_unsupported(K, arch) or (None if builtin_type(norm_w.type) == f"tensor<{K}xbf16>" else
+                                                     f"norm weight {builtin_type(norm_w.type)} is not bf16 [{K}]")
         if why is None and name != LINEAR_OP and M < min_m:
             why = f"M={M}: an epilogue takes M >= {min_m}"
         checked = [_weight_ok(w, M, K, arch, min_weight_bytes, quant) for w in weights] if why is None else []
         taken = [i for i, (_, w_why) in enumerate(checked) if w_why is None]
-        if why is None and name != LINEAR_OP and len(taken) != len(weights):
+        if why is None and (name != LINEAR_OP or norm_w is not None) and len(taken) != len(weights):
             why = next(w_why for _, w_why in checked if w_why)
         if why is None and M < min_m and (not decode_qkv or len(taken) != GEMM_M1_RUN):
             why = f"M={M}: only a group of exactly {GEMM_M1_RUN} weights takes the kernel"
@@ -209,13 +239,15 @@ def lower_linear(module, arch: str, min_weight_bytes: int = GEMM_MIN_WEIGHT_BYTE
             Ns = tuple(checked[j][0] for j in run)
             epi = {LINEAR_RESIDUAL_OP: "residual", LINEAR_SWIGLU_OP: "swiglu"}.get(name)
             out_ts = [builtin_type(refs[j].type) for j in (run if epi is None else [0])]
-            fn, d = _gemm_function(M, Ns, K, arch, x_t, out_ts, epi, module, quant)
+            fn, d = _gemm_function(M, Ns, K, arch, x_t, out_ts, epi, module, quant, eps)
             packed = [[weights[j]] + ([] if quant is None else [scales[j]] + zeros[j:j + 1]) for j in run]
-            operands = [x, *(v for vs in packed for v in vs)] + ([residual] if residual is not None else [])
+            operands = ([x] + ([norm_w] if norm_w is not None else []) + [v for vs in packed for v in vs]
+                        + ([residual] if residual is not None else []))
             got = emit_call(op, fn, operands, out_ts, [refs[j].type for j in (run if epi is None else [0])])
             for j, v in zip(run if epi is None else [0], got):
                 values[j] = v
-            key = (M, Ns, K, d.epilogue, quant)
+            norm = "" if eps is None else "+norm" if d.norm is not None else "+norm dispatch"
+            key = (M, Ns, K, (d.epilogue or "") + norm or None, quant)
             counts.setdefault(key, [0, d.plan.splits])[0] += 1
             out.flags += [f for f in d.flags if f not in out.flags]
         if why:

@@ -16,13 +16,15 @@ and the top-K have no `ref`: every arch that exports them has their kernel (the 
 exported by the GPU form only).
 
 The ops (shapes: S streams, T tokens, M = S * T rows; dtypes: one float dtype throughout unless said):
-- `dflash::linear(x [..., K], weights [[N_i, K]], refs [[..., N_i]], scales, zeros, group_size)`:
+- `dflash::linear(x [..., K], weights [[N_i, K]], refs [[..., N_i]], scales, zeros, group_size[, norm, eps])`:
   y_i = x . W_i^T for 1 or more weights of one x (a layer's q, k and v; the drafter's context k and v
-  of all its layers), results in the weights' order.
+  of all its layers), results in the weights' order. With `norm` [K] (an RMSNorm's weight) and its
+  eps, y_i = rms_norm(x) . W_i^T: the norm before the GEMM is part of the op, so that decode's one
+  row can take it in the GEMM's prologue (issue #24; export/lower_linear.py).
 - `dflash::linear_residual(x [..., K], weights [[N, K]], residual [..., N], ref, ...)`:
   residual + x . W^T (o_proj and down_proj with the residual add).
-- `dflash::linear_swiglu(x [..., K], weights [gate [I, K], up [I, K]], ref, ...)`:
-  silu(x . G^T) * (x . U^T) (the MLP's gate and up).
+- `dflash::linear_swiglu(x [..., K], weights [gate [I, K], up [I, K]], ref, ...[, norm, eps])`:
+  silu(x . G^T) * (x . U^T) (the MLP's gate and up); with `norm`, of rms_norm(x) as for `linear`.
 - `dflash::block_attention(q [S, T, Hq, hd], cache [S, L, 2, C, Hkv * hd], layer, mask, ref, gate, scale)`:
   a block's attention over the first N rows of one layer of the KV cache.
 - `dflash::head_norm_rope(x [S, T, H, X], weight [hd], cos, sin [S, T, rotary_dim or hd], eps, zero_centered,
@@ -87,16 +89,20 @@ GDN_OP = "torch.dflash.gated_delta_rule"
 
 @torch.library.custom_op("dflash::linear", mutates_args=())
 def linear(x: torch.Tensor, weights: list[torch.Tensor], refs: list[torch.Tensor],
-           scales: list[torch.Tensor], zeros: list[torch.Tensor], group_size: int) -> list[torch.Tensor]:
-    """x . W_i^T for each weight W_i of one x, one op (one grouped dispatch where the arch takes it).
+           scales: list[torch.Tensor], zeros: list[torch.Tensor], group_size: int,
+           norm: Optional[torch.Tensor] = None, eps: float = 0.0) -> list[torch.Tensor]:
+    """x . W_i^T (with `norm`: rms_norm(x) . W_i^T) for each weight W_i of one x, one op (one grouped
+    dispatch where the arch takes it).
 
     Args:
         x: [..., K].
         weights: [N_i, K] each, x's dtype; packed 4-bit (with `scales`): int32 [N_i, K / 8] (module
             docstring, "Packed 4-bit form").
-        refs: [..., N_i] each: x . W_i^T as the model computes it (the reference form).
+        refs: [..., N_i] each: the op's result as the model computes it (the reference form).
         scales, zeros: [] for plain weights; packed 4-bit: the scales and biases or zero points of
             the module docstring. group_size: input columns per scale; 0 for plain weights.
+        norm, eps: None, or the weight [K] (x's dtype) and eps of the RMSNorm applied to x first
+            (export/qwen3.py `rms_norm`).
 
     Returns:
         [..., N_i] per weight, equal to `refs` (the eager body returns copies of them).
@@ -105,7 +111,7 @@ def linear(x: torch.Tensor, weights: list[torch.Tensor], refs: list[torch.Tensor
 
 
 @linear.register_fake
-def _linear_fake(x, weights, refs, scales, zeros, group_size):
+def _linear_fake(x, weights, refs, scales, zeros, group_size, norm=None, eps=0.0):
     torch._check(len(weights) == len(refs) and len(weights) >= 1)
     return [torch.empty_like(r) for r in refs]
 
@@ -133,12 +139,14 @@ def _linear_residual_fake(x, weights, residual, ref, scales, zeros, group_size):
 
 @torch.library.custom_op("dflash::linear_swiglu", mutates_args=())
 def linear_swiglu(x: torch.Tensor, weights: list[torch.Tensor], ref: torch.Tensor,
-                  scales: list[torch.Tensor], zeros: list[torch.Tensor], group_size: int) -> torch.Tensor:
-    """silu(x . G^T) * (x . U^T): the MLP's gate and up projections and their product, one op.
+                  scales: list[torch.Tensor], zeros: list[torch.Tensor], group_size: int,
+                  norm: Optional[torch.Tensor] = None, eps: float = 0.0) -> torch.Tensor:
+    """silu(x . G^T) * (x . U^T): the MLP's gate and up projections and their product, one op (with
+    `norm`: of rms_norm(x)).
 
     Args:
         x: [..., K]; weights: [G, U], each [I, K]; ref: [..., I] as the model computes it.
-            scales, zeros, group_size: as for `linear`.
+            scales, zeros, group_size, norm, eps: as for `linear`.
 
     Returns:
         [..., I], equal to `ref`.
@@ -147,7 +155,7 @@ def linear_swiglu(x: torch.Tensor, weights: list[torch.Tensor], ref: torch.Tenso
 
 
 @linear_swiglu.register_fake
-def _linear_swiglu_fake(x, weights, ref, scales, zeros, group_size):
+def _linear_swiglu_fake(x, weights, ref, scales, zeros, group_size, norm=None, eps=0.0):
     torch._check(len(weights) == 2)
     return torch.empty_like(ref)
 

@@ -54,17 +54,24 @@ def _operands(linears) -> tuple[list, list, list, int]:
             [z for lin in linears for z in [lin.offset_tensor()] if z is not None], linears[0].group_size)
 
 
-def project(x: torch.Tensor, linears) -> list[torch.Tensor]:
-    """x [..., K] through each of LINEARS ([N_i, K]): [..., N_i] each, in x's dtype.
+def _norm_operands(norm: "RMSNorm | None") -> tuple:
+    """The linear ops' trailing (norm, eps) for NORM: none without one (the ops' defaults)."""
+    return () if norm is None else (norm.weight, norm.eps)
 
-    Exported, one named op `dflash::linear` over all of them (one grouped dispatch where the arch
-    takes it); eager, each `nn.Linear` (the reference).
+
+def project(x: torch.Tensor, linears, norm: "RMSNorm | None" = None) -> list[torch.Tensor]:
+    """x [..., K] (with NORM: norm(x)) through each of LINEARS ([N_i, K]): [..., N_i] each, in x's dtype.
+
+    Exported, one named op `dflash::linear` over all of them, the norm included (one grouped dispatch
+    where the arch takes it; at decode's one row the norm in its prologue); eager, the norm and each
+    `nn.Linear` (the reference).
     """
-    refs = [lin(x) for lin in linears]
+    h = x if norm is None else norm(x)
+    refs = [lin(h) for lin in linears]
     if not _named(*linears):
         return refs
     w, sc, z, g = _operands(linears)
-    return list(ops.linear(x, w, refs, sc, z, g))
+    return list(ops.linear(x, w, refs, sc, z, g, *_norm_operands(norm)))
 
 
 def as_float32(x: torch.Tensor) -> torch.Tensor:
@@ -120,17 +127,23 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.swiglu(x))
 
-    def swiglu(self, x: torch.Tensor) -> torch.Tensor:
-        """silu(gate(x)) * up(x): x [..., hidden] -> [..., intermediate] (exported: `dflash::linear_swiglu`)."""
-        ref = F.silu(self.gate_proj(x)) * self.up_proj(x)
+    def swiglu(self, x: torch.Tensor, norm: "RMSNorm | None" = None) -> torch.Tensor:
+        """silu(gate(h)) * up(h), h = x or norm(x): x [..., hidden] -> [..., intermediate] (exported:
+        `dflash::linear_swiglu`, the norm included)."""
+        h = x if norm is None else norm(x)
+        ref = F.silu(self.gate_proj(h)) * self.up_proj(h)
         if not _named(self.gate_proj, self.up_proj):
             return ref
         w, sc, z, g = _operands([self.gate_proj, self.up_proj])
-        return ops.linear_swiglu(x, w, ref, sc, z, g)
+        return ops.linear_swiglu(x, w, ref, sc, z, g, *_norm_operands(norm))
 
     def add_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """residual + self(x), the MLP's half of a decoder layer (exported: two named ops)."""
         return project_residual(self.swiglu(x), self.down_proj, residual)
+
+    def add_normed(self, x: torch.Tensor, norm: "RMSNorm") -> torch.Tensor:
+        """x + self(norm(x)) (exported: two named ops, the norm in the first)."""
+        return project_residual(self.swiglu(x, norm), self.down_proj, x)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -260,15 +273,16 @@ class Attention(nn.Module):
                       self.attention)
         return (q, *self.rotate_kv(k, v, cos, sin))
 
-    def qkv_written(self, x: torch.Tensor, cos, sin, cache: torch.Tensor,
-                    rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """`qkv` of x [S, T, hidden] with k and v written into cache at rows (`write_cache`), as the
-        named op `dflash::norm_rope_kv_write`: the GPU export's form (`DecoderLayer.step`), one
-        dispatch (kernels/norm_rope/) where IREE took the norm + rope, a copy of v and a scatter.
-        Returns the rotated q [S, T, Hq, hd] and the cache after the write (a new value)."""
+    def qkv_written(self, x: torch.Tensor, cos, sin, cache: torch.Tensor, rows: torch.Tensor,
+                    norm: "RMSNorm | None" = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`qkv` of x [S, T, hidden] (with NORM: of norm(x), the norm in the projections' named op) with k
+        and v written into cache at rows (`write_cache`), as the named op `dflash::norm_rope_kv_write`:
+        the GPU export's form (`DecoderLayer.step`), one dispatch (kernels/norm_rope/) where IREE took
+        the norm + rope, a copy of v and a scatter. Returns the rotated q [S, T, Hq, hd] and the cache
+        after the write (a new value)."""
         S, T, _ = x.shape
         kv = (S, T, self.cfg.num_key_value_heads, self.cfg.head_dim)
-        q, k, v = project(x, (self.q_proj, self.k_proj, self.v_proj))
+        q, k, v = project(x, (self.q_proj, self.k_proj, self.v_proj), norm)
         q, k, v = q.view(S, T, self.cfg.num_attention_heads, self.cfg.head_dim), k.view(kv), v.view(kv)
         ref_q = apply_rope(self.q_norm(q), cos, sin)
         ref_cache = written_cache(cache, rows, apply_rope(self.k_norm(k), cos, sin), v)
@@ -382,10 +396,14 @@ class DecoderLayer(nn.Module):
         """`forward`, and the cache after this layer's write: `cache` itself, written in place, but for
         the GPU export (the "fused" form), whose write is a named op's result (`Attention.qkv_written`),
         so that the cache is a value threaded through the layers (`Qwen3.forward`)."""
-        h = self.input_layernorm(x)
         if cache is not None and self.attention == "fused" and ops.exporting():
-            q, cache = self.self_attn.qkv_written(h, cos, sin, cache, rows)
-            return self.finish(x, cache_attention(q, cache, layer, read_len, positions, self.attention)), cache
+            # the norms go with the GEMMs after them (named ops): decode's one row takes each norm in
+            # its GEMM's prologue (export/lower_linear.py)
+            q, cache = self.self_attn.qkv_written(x, cos, sin, cache, rows, self.input_layernorm)
+            x = project_residual(cache_attention(q, cache, layer, read_len, positions, self.attention),
+                                 self.self_attn.o_proj, x)
+            return self.mlp.add_normed(x, self.post_attention_layernorm), cache
+        h = self.input_layernorm(x)
         q, k, v = self.self_attn.qkv(h, cos, sin)
         if cache is None:  # training: attend within the block only
             visible = positions[:, None, :] <= positions[:, :, None]

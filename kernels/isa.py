@@ -15,7 +15,7 @@ from pathlib import Path
 
 KERNELS = ("dflash_topk_partial", "dflash_topk_merge")
 GEMM_KERNELS = tuple(f"dflash_{e}_mt{mt}" for e in ("gemm", "gemm2", "gemm3", "gemm_res", "swiglu") for mt in (1, 2, 3, 4)) + (
-    "dflash_gemm_reduce",)
+    "dflash_gemm_reduce", "dflash_gemm3_norm_mt1", "dflash_swiglu_norm_mt1", "dflash_rms_norm")
 GEMM_Q4_KERNELS = tuple(f"dflash_q4{e}_mt{mt}" for e in ("gemm", "gemm2", "gemm3", "gemm_res", "swiglu") for mt in (1, 2, 3, 4))
 ATTENTION_KERNELS = ("dflash_attention",)
 ATTENTION_GATED_KERNELS = ("dflash_attention_gated",)

@@ -29,8 +29,10 @@ def test_object_is_sound(arch):
     else:
         metas = amdgpu_kernels(path)
         for k in GEMM_KERNELS:
-            # the last-arrival flag; swiglu: and up's rounded sums, 2 KiB an m-tile
-            lds = 4 + (2048 * int(k[-1]) if k.startswith("dflash_swiglu") else 0)
+            # the last-arrival flag; swiglu: and up's rounded sums, 2 KiB an m-tile; the norm's four
+            # warps' sums of squares and the prologue's row (16 KiB), aligned
+            lds = (4 + (2048 * int(k[-1]) if k.startswith("dflash_swiglu") else 0)
+                   + (16384 + 32 if "_norm_" in k else 16 if k == "dflash_rms_norm" else 0))
             assert metas[k][".vgpr_count"] <= 256 and metas[k][".group_segment_fixed_size"] <= lds, k
         # 1, 2 and 3 weights x 1..4 m-tiles, each tile's WMMAs of a round
         assert wmma_count(path) >= 3 * 4 * (1 + 2 + 3 + 4), "v_wmma_f32_16x16x16_bf16 missing from the ISA"
@@ -191,7 +193,9 @@ def test_parity_rule():
 
 def _export_linears(tmp_path, M: int, body: str, Ns=(128,), K: int = 512, I: int = 512):
     """Export a module through export/qwen3.py's linear helpers (the named ops) on x [1, M, K] bf16:
-    BODY "project" (one op over weights of Ns), "mlp" (MLP.add_to: swiglu, then down + residual)."""
+    BODY "project" (one op over weights of Ns), "mlp" (MLP.add_to: swiglu, then down + residual);
+    "normed": "project" and "mlp" with an RMSNorm before each (the decoder layer's form: the norm in
+    the op, `project(.., norm)`, `MLP.add_normed`)."""
     torch = pytest.importorskip("torch")
     aot = pytest.importorskip("iree.turbine.aot")
     from types import SimpleNamespace
@@ -203,10 +207,13 @@ def _export_linears(tmp_path, M: int, body: str, Ns=(128,), K: int = 512, I: int
             super().__init__()
             self.ws = torch.nn.ModuleList(torch.nn.Linear(K, n, bias=False, dtype=torch.bfloat16) for n in Ns)
             self.mlp = qwen3.MLP(SimpleNamespace(hidden_size=K, intermediate_size=I), torch.bfloat16)
+            self.n1, self.n2 = (qwen3.RMSNorm(K, 1e-6, torch.bfloat16) for _ in range(2))
 
         def forward(self, x):
             if body == "mlp":
                 return self.mlp.add_to(x, x * 2)
+            if body == "normed":
+                return (*qwen3.project(x, list(self.ws), self.n1), self.mlp.add_normed(x, self.n2))
             return tuple(qwen3.project(x, list(self.ws)))
 
     path = tmp_path / f"{body}-{M}.mlir"
@@ -544,7 +551,9 @@ def _quant_linears(K: int, Ns, fmt: str, group: int):
 def test_splice_takes_packed_weights(tmp_path, fmt, group):
     """A 4-bit layer's q, k, v (one op) and its MLP (swiglu, down + residual) take the packed kernel at
     M = 1 and M = 16 on sm_80, every weight of them, and the compiled module has no dispatch that
-    writes a dequantized weight (the reference's dequantize + matmul is left dead)."""
+    writes a dequantized weight (the reference's dequantize + matmul is left dead). With the decoder
+    layer's norms in the ops (`normed`) each norm is its own dispatch before the packed GEMM, at M = 1
+    too (the prologue entry points are bf16 only)."""
     torch = pytest.importorskip("torch")
     aot = pytest.importorskip("iree.turbine.aot")
     ic = pytest.importorskip("iree.compiler")
@@ -553,7 +562,7 @@ def test_splice_takes_packed_weights(tmp_path, fmt, group):
     from dflash_iree.export import qwen3
 
     K, I = 256, 512
-    for M in (1, 16):
+    for M, normed in ((1, False), (16, False), (1, True)):
         class Layer(torch.nn.Module):
             def __init__(self):
                 super().__init__()
@@ -561,21 +570,27 @@ def test_splice_takes_packed_weights(tmp_path, fmt, group):
                 self.mlp = qwen3.MLP(SimpleNamespace(hidden_size=K, intermediate_size=I), torch.bfloat16, device="meta")
                 self.mlp.gate_proj, self.mlp.up_proj = _quant_linears(K, (I, I), fmt, group)
                 self.mlp.down_proj, = _quant_linears(I, (K,), fmt, group)
+                self.n1, self.n2 = (qwen3.RMSNorm(K, 1e-6, torch.bfloat16) for _ in range(2))
 
             def forward(self, x):
+                if normed:
+                    return (*qwen3.project(x, list(self.ws), self.n1), self.mlp.add_normed(x, self.n2))
                 return (*qwen3.project(x, list(self.ws)), self.mlp.add_to(x, x * 2))
 
         module = Layer()
         aot.externalize_module_parameters(module)
-        src = tmp_path / f"q4-{M}.mlir"
+        src = tmp_path / f"q4-{M}{'-normed' if normed else ''}.mlir"
         aot.export(module, args=(torch.zeros(1, M, K, dtype=torch.bfloat16),)).save_mlir(src)
         out, flags, report = _lower(src, tmp_path, "sm_80")
         assert "iree" not in report or "gemm" not in report["iree"], report.get("iree")
+        n = "+norm dispatch" if normed else ""
         assert sorted((g.get("epilogue") or "", g["mms"], g["q4"]) for g in report["gemm"]) == [
-            ("", 3, f"{fmt}/{group}"), ("residual", 1, f"{fmt}/{group}"), ("swiglu", 2, f"{fmt}/{group}")]
+            (n, 3, f"{fmt}/{group}"), ("residual", 1, f"{fmt}/{group}"), ("swiglu" + n, 2, f"{fmt}/{group}")]
         assert not _writes_weights(ic, out, flags, K, I)
     # the planted control: the same layer on IREE's ops (the references) writes its dequantized weights
     from dflash_iree.export import splice
+
+    src = tmp_path / "q4-16.mlir"
 
     lower = splice.to_iree(splice.LINEAR_OP, splice.LINEAR_RESIDUAL_OP, splice.LINEAR_SWIGLU_OP)
     out, flags, _ = splice.splice_file(src, tmp_path / "iree.mlirbc", "sm_80", {"gemm": lower})
@@ -589,3 +604,74 @@ def _writes_weights(ic, path, flags, K: int, I: int) -> bool:
     flow = ic.compile_file(str(path), extra_args=device_flags("sm_80") + flags + ["--compile-to=flow"]).decode()
     written = re.findall(r"flow\.dispatch[^\n]*-> \(?([^\n]*)", flow)
     return any(f"tensor<{n}x{k}xbf16>" in line for line in written for n, k in ((256, K), (I, K), (K, I)))
+
+
+def test_norm_mlir_text():
+    """The RMSNorm before the GEMM: decode's one row of q + k + v and of gate + up (swiglu) take the
+    entry points that normalize x in their prologue, binding the norm's weight after x and its eps
+    last; other rows take the norm's own dispatch, one workgroup a row."""
+    from dflash_iree.kernels.gemm import norm_dispatch, norm_fused
+    from dflash_iree.kernels.hal import f32_bits
+
+    eps = f32_bits(1e-6, signed=True)
+    d = gemm_dispatch(1, (4096, 1024, 1024), 4096, "sm_80", name="qkv", norm=1e-6)
+    assert ("util.func private @qkv(%x: tensor<1x4096xbf16>, %nw: tensor<4096xbf16>, %w0: tensor<4096x4096xbf16>"
+            in d.mlir and "@qkv_mm::@dflash_gemm3_norm_mt1[%gx, %gy]" in d.mlir and f"%cE = arith.constant {eps}" in d.mlir)
+    assert d.plan == gemm_dispatch(1, (4096, 1024, 1024), 4096, "sm_80").plan  # the same sums as the plain GEMM
+    s = gemm_dispatch(1, (12288, 12288), 4096, "gfx1151", name="mlp", epilogue="swiglu", norm=1e-6)
+    assert "@mlp_mm::@dflash_swiglu_norm_mt1" in s.mlir and "%nw: tensor<4096xbf16>" in s.mlir
+    n = norm_dispatch(16, 4096, 1e-6, "sm_80", name="nd")
+    assert ("util.func private @nd(%x: tensor<16x4096xbf16>, %g: tensor<4096xbf16>) -> tensor<16x4096xbf16>" in n
+            and "@nd_mm::@dflash_rms_norm[%gx](%k, %e, %x, %g)" in n and "%gx = arith.constant 16" in n)
+    assert [norm_fused(*a) for a in ((1, 3, None, None), (1, 2, "swiglu", None), (2, 3, None, None),
+                                     (1, 1, None, None), (1, 1, "residual", None))] == [True, True, False, False, False]
+    for args, kw, match in [((2, (64, 64, 64), 128, "sm_80"), {}, "only decode's one row"),
+                            ((1, 64, 128, "sm_80"), {}, "only decode's one row"),
+                            ((1, (64, 64, 64), 16384, "sm_80"), {}, "K <= 8192")]:
+        with pytest.raises(DFlashError, match=match):
+            gemm_dispatch(*args, norm=1e-6, **kw)
+    with pytest.raises(DFlashError, match="multiples of 8 up to 8192"):
+        norm_dispatch(1, 8200, 1e-6, "sm_80")
+    with pytest.raises(DFlashError, match="no skinny-GEMM"):
+        norm_dispatch(1, 4096, 1e-6, "host")
+
+
+def test_norm_entry_points_match_the_pipeline_layout():
+    """The norm's entry points take the layout's bindings as pointers, then its push constants."""
+    from dflash_iree.kernels.gemm import norm_dispatch, pipeline_layout
+
+    ptx = object_file("sm_80").read_text()
+    # bindings: x, g and the weights read-only, then cnt, the results and part; constants last, eps among them
+    for entry, N, epi, read_only, u64, u32 in (("dflash_gemm3_norm_mt1", (64, 64, 64), None, 5, 10, 9),
+                                               ("dflash_swiglu_norm_mt1", (64, 64), "swiglu", 4, 7, 7)):
+        params = re.search(rf"\.entry {entry}\((.*?)\)", ptx, re.S)[1]
+        assert params.count(".param .u64") == u64 and params.count(".param .u32") == u32, entry
+        d = gemm_dispatch(1, N, 128, "sm_80", epilogue=epi, norm=1e-6)
+        assert pipeline_layout(u32, read_only, u64) in d.mlir and f"::@{entry}[" in d.mlir
+    params = re.search(r"\.entry dflash_rms_norm\((.*?)\)", ptx, re.S)[1]
+    assert params.count(".param .u64") == 3 and params.count(".param .u32") == 2
+    assert pipeline_layout(2, 2, 3) in norm_dispatch(1, 128, 1e-6, "sm_80")
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "gfx1151"])
+@pytest.mark.parametrize("M", [1, 16])
+def test_splice_takes_the_norm_with_its_gemm(tmp_path, arch, M):
+    """A norm before q + k + v and before gate + up (the decoder layer's form) goes with the GEMM: at
+    M = 1 into the GEMM's prologue (no norm dispatch), at M = 16 as the norm's own dispatch before
+    the plain GEMM; the host gives both ops to IREE with their norms. Both modules compile."""
+    ic = pytest.importorskip("iree.compiler")
+    from dflash_iree.export import splice
+    from dflash_iree.kernels.topk import device_flags
+
+    K, I, Ns = 256, 512, (128, 64, 64)
+    src = _export_linears(tmp_path, M, "normed", Ns=Ns, K=K, I=I)
+    out, flags, report = _lower(src, tmp_path, arch)
+    norm = "+norm" if M == 1 else "+norm dispatch"
+    assert sorted((str(g["N"]), g.get("epilogue")) for g in report["gemm"]) == sorted(
+        [(str(list(Ns)), norm), (str([I, I]), "swiglu" + norm), (str(K), "residual")])
+    text = str(splice.load(out))
+    assert ("dflash_gemm3_norm_mt1" in text) == (M == 1) and ("dflash_swiglu_norm_mt1" in text) == (M == 1)
+    assert ("@dflash_rms_norm[" in text) == (M > 1) and "torch.operator" not in text
+    assert len(ic.compile_file(str(out), extra_args=device_flags(arch) + flags)) > 10000
+    _, _, host = _lower(src, tmp_path, "host")
+    assert "gemm" not in host and sum(host["iree"]["gemm"].values()) == 3 + 2 + 1

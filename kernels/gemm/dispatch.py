@@ -17,6 +17,11 @@ With `quant=Q4(fmt, group)` each weight is packed 4-bit as its checkpoint stores
 [N, K / group] and by format `%o{g}`: MLX's biases bf16 [N, K / group] ("mlx"), compressed-tensors'
 zero points int32 [ceil(N / 8), K / group] ("zp"), or nothing (compressed-tensors symmetric, "sym");
 the dequantized weight lives in registers only (issue #28).
+With `norm=eps` the dispatch also applies the RMSNorm before the GEMM to x (`@{name}(%x, %g, %w..)`, g the
+norm's bf16 weight [K]): at M = 1, for q + k + v and for gate + up with swiglu, in the GEMM's prologue
+(`norm_fused`; gemm_body.h gm_normed_x), so that decode's norm costs no dispatch of its own (issue
+#24). Other rows take `norm_dispatch`, the norm's own dispatch, then the plain GEMM: both compute a
+row's norm in one fixed order (gemm_body.h gm_rms_rinv), so the rows have the same bits either way.
 The plan (columns per workgroup, k splits, workgroups along the columns) depends on (the N's, K,
 arch) only, never on M: every row of y is computed by the same sequence of instructions whatever M
 is (see gemm_body.h, numerics contract). GPU archs only (CUDA sm_80/86/89 and RDNA3/4
@@ -34,7 +39,7 @@ from dflash_iree.arch import kernel_archs
 from dflash_iree.errors import DFlashError
 
 from ..hal import (OBJECTS_DIR, entry_attribute, executable_head, executable_source, executable_target,  # noqa: F401
-                   gpu_object, pipeline_layout, search_flags)
+                   f32_bits, gpu_object, pipeline_layout, search_flags)
 
 CUDA_ARCHS = kernel_archs("gemm", "cuda")
 HIP_ARCHS = kernel_archs("gemm", "hip")
@@ -152,6 +157,8 @@ class GemmDispatch:
     objects: the object files the text refers to.
     epilogue: None, "residual" or "swiglu" (gemm_dispatch).
     quant:   None (bf16 weights) or the packed 4-bit format (`Q4`); then each weight is its operands.
+    norm:    None, or the eps of the RMSNorm the dispatch applies to x first (`norm_fused`); then the
+             function takes the norm's weight after x.
     """
 
     M: int
@@ -165,6 +172,7 @@ class GemmDispatch:
     objects: list[Path] = field(default_factory=list)
     epilogue: str | None = None
     quant: Q4 | None = None
+    norm: float | None = None
 
     @property
     def N(self) -> int:
@@ -238,6 +246,52 @@ def why_unsupported(M: int, N: int, K: int, arch: str, quant: Q4 | None = None) 
     return None
 
 
+def norm_fused(M: int, G: int, epilogue: str | None, quant: Q4 | None) -> bool:
+    """Whether the objects have an entry point that applies the RMSNorm before the GEMM in its prologue
+    for M rows of G weights: decode's one row (M = 1), bf16 weights, for a layer's q + k + v (three
+    weights) and for gate + up with swiglu (gemm_gpu.cu `dflash_gemm3_norm_mt1`, `dflash_swiglu_norm_mt1`)."""
+    return M == 1 and quant is None and ((G == 3 and epilogue is None) or epilogue == "swiglu")
+
+
+NORM_MAX_K = 8192  # gemm_body.h GM_NORM_KMAX: the prologue's shared copy of the row
+NORM_THREADS = 128  # gemm_body.h GM_NT
+
+
+def norm_why_unsupported(K: int, arch: str) -> str | None:
+    """None when the norm's dispatch and prologue take rows of K values on ARCH, else why not."""
+    if arch not in ARCHS:
+        return f"arch {arch} has no skinny-GEMM kernel"
+    if K % 8 or not 8 <= K <= NORM_MAX_K:
+        return f"norm over K={K}: the kernel takes multiples of 8 up to {NORM_MAX_K}"
+    return None
+
+
+def norm_dispatch(M: int, K: int, eps: float, arch: str, *, name: str = "dflash_rms_norm") -> str:
+    """The RMSNorm's own dispatch (the GEMM object's `dflash_rms_norm`: one workgroup a row) as module-body
+    text: an executable and `util.func private @{name}(%x: tensor<MxKxbf16>, %g: tensor<Kxbf16>) ->
+    tensor<MxKxbf16>`, y = bf16(g * bf16(x * rinv)), rinv = 1 / sqrt(mean(x^2) + eps) in f32, ss in the
+    order of gemm_body.h gm_rms_rinv (the GEMM prologue's).
+
+    Raises:
+        DFlashError: an arch without the kernel, a K it does not take, or a missing object.
+    """
+    why = norm_why_unsupported(K, arch)
+    if why:
+        raise DFlashError(f"RMSNorm dispatch [{M}x{K}] on {arch}: {why}")
+    obj = object_file(arch)
+    if not obj.is_file():
+        raise DFlashError(f"{obj} is missing: run `make kernels` to build the kernel objects")
+    x_t, g_t = f"tensor<{M}x{K}xbf16>", f"tensor<{K}xbf16>"
+    text = executable_source(f"{name}_mm", "dflash_rms_norm", arch, obj.name, pipeline_layout(2, 2, 3),
+                             NORM_THREADS, 1)
+    text += (f"util.func private @{name}(%x: {x_t}, %g: {g_t}) -> {x_t} {{\n"
+             f"    %k = arith.constant {K} : i32\n    %e = arith.constant {f32_bits(eps, signed=True)} : i32\n"
+             f"    %gx = arith.constant {M} : index\n"
+             f"    %y = flow.dispatch @{name}_mm::@dflash_rms_norm[%gx](%k, %e, %x, %g) : (i32, i32, {x_t}, {g_t}) -> {x_t}\n"
+             f"    util.return %y : {x_t}\n}}\n")
+    return text
+
+
 def _col_blocks(Ns: tuple[int, ...], block_n: int, paired: bool = False) -> int:
     """Column blocks of the weights of Ns rows, each weight's own after the previous weight's;
     PAIRED (two equal weights side by side, swiglu): blocks of block_n / 2 columns of both."""
@@ -293,7 +347,8 @@ def gemm_plan(N, K: int, arch: str, splits: int | None = None, paired: bool = Fa
 
 def gemm_dispatch(M: int, N, K: int, arch: str, *, name: str = "dflash_gemm",
                   splits: int | None = None, epilogue: str | None = None,
-                  out_shape: tuple[int, ...] | None = None, quant: Q4 | None = None) -> GemmDispatch:
+                  out_shape: tuple[int, ...] | None = None, quant: Q4 | None = None,
+                  norm: float | None = None) -> GemmDispatch:
     """Builds the spliceable skinny GEMM y[M, N] = x[M, K] . W[N, K]^T on ARCH, or with N a tuple of
     1..3 row counts, y_g = x . W_g^T for several weights of one x in one dispatch (the q, k and v
     projections of a layer; gate and up).
@@ -308,10 +363,13 @@ def gemm_dispatch(M: int, N, K: int, arch: str, *, name: str = "dflash_gemm",
     epilogue's r and result shape (default (M, N); any shape of M * N elements, e.g. the model's
     [1, M, N]). kernels/gemm/gemm_body.h, "Epilogues", has the roundings. quant: packed 4-bit
     weights in that format (module docstring): each `%w{g}` becomes its operands `Q4.operand_types`.
+    norm: the eps of an RMSNorm applied to x first, in the GEMM's prologue (`norm_fused` shapes only;
+    the function takes `%g`, the norm's bf16 weight [K], after x).
 
     Raises:
         DFlashError: a shape or arch the kernel does not take, an unknown epilogue or one whose
-            weights do not fit it, an out_shape of another size, or a missing object.
+            weights do not fit it, an out_shape of another size, a norm off `norm_fused`'s shapes,
+            or a missing object.
     """
     Ns = _weights(N)
     for n in Ns:
@@ -322,6 +380,9 @@ def gemm_dispatch(M: int, N, K: int, arch: str, *, name: str = "dflash_gemm",
         raise DFlashError(f"skinny GEMM epilogue {epilogue!r}: use one of {EPILOGUES} or None")
     if epilogue == "residual" and len(Ns) != 1:
         raise DFlashError(f"the residual epilogue takes one weight, got {len(Ns)}")
+    if norm is not None and not (norm_fused(M, len(Ns), epilogue, quant) and norm_why_unsupported(K, arch) is None):
+        raise DFlashError(f"skinny GEMM with its norm in the prologue: M={M}, {len(Ns)} weights, epilogue {epilogue}, "
+                          f"K={K}: only decode's one row of q + k + v or gate + up (swiglu), bf16, K <= {NORM_MAX_K}")
     obj = object_file(arch, quant)
     if not obj.is_file():
         raise DFlashError(f"{obj} is missing: run `make kernels` to build the kernel objects")
@@ -337,7 +398,7 @@ def gemm_dispatch(M: int, N, K: int, arch: str, *, name: str = "dflash_gemm",
     # Split partials (scratch): each weight's [S, M, N_g] after the previous weight's; only the size counts.
     p_t = f"tensor<{S}x{M}x{plan.N}xf32>" if S > 1 else "tensor<1xf32>"
     if epilogue is None:
-        entry = f"dflash_{pre}gemm{G if G > 1 else ''}_mt{mt}"
+        entry = f"dflash_{pre}gemm{G if G > 1 else ''}{'_norm' if norm is not None else ''}_mt{mt}"
         ins, in_t = w, w_t
         y_t = [f"tensor<{M}x{n}xbf16>" for n in Ns]
     else:
@@ -350,7 +411,7 @@ def gemm_dispatch(M: int, N, K: int, arch: str, *, name: str = "dflash_gemm",
         if epilogue == "residual":
             entry, ins, in_t = f"dflash_{pre}gemm_res_mt{mt}", w + ["%res"], w_t + [o_t]
         else:
-            entry, ins, in_t = f"dflash_{pre}swiglu_mt{mt}", w, w_t
+            entry, ins, in_t = f"dflash_{pre}swiglu{'_norm' if norm is not None else ''}_mt{mt}", w, w_t
     # one N per weight; an epilogue's kernel takes one (the columns of each of its weights)
     const_ns = Ns if epilogue is None else Ns[:1]
     consts = [("M", M), ("K", K), ("KR", KR), ("S", S), ("GX", plan.grid_x)] + [(f"N{g}", n) for g, n in enumerate(const_ns)]
@@ -361,6 +422,9 @@ def gemm_dispatch(M: int, N, K: int, arch: str, *, name: str = "dflash_gemm",
         w_ops_t = [t for n in Ns for t in quant.bindings(n, K)]
         if epilogue == "residual":
             w_ops, w_ops_t = w_ops + ["%res"], w_ops_t + in_t[-1:]
+    if norm is not None:  # the norm's weight after x, its eps after the other constants
+        consts.append(("E", f32_bits(norm, signed=True)))
+        w_ops, w_ops_t, ins, in_t = ["%nw"] + w_ops, [f"tensor<{K}xbf16>"] + w_ops_t, ["%nw"] + ins, [f"tensor<{K}xbf16>"] + in_t
     layout = pipeline_layout(len(consts), 1 + len(w_ops), len(w_ops) + len(y_t) + 3)
     text = executable_source(f"{name}_mm", entry, arch, obj.name, layout, plan.threads, 2)
     # The split-K arrival counters: zero, and left zero by every call (the last workgroup of a column
@@ -379,7 +443,7 @@ def gemm_dispatch(M: int, N, K: int, arch: str, *, name: str = "dflash_gemm",
              f"    util.global.store %r#0, @{name}_cnt : {c_t}\n"
              f"    util.return {', '.join(f'%r#{g + 1}' for g in range(len(y_t)))} : {', '.join(y_t)}\n}}\n")
     return GemmDispatch(M=M, Ns=Ns, K=K, arch=arch, name=name, plan=plan, mlir=text,
-                        flags=search_flags(), objects=[obj], epilogue=epilogue, quant=quant)
+                        flags=search_flags(), objects=[obj], epilogue=epilogue, quant=quant, norm=norm)
 
 
 def standalone_module(d: GemmDispatch) -> str:

@@ -262,7 +262,7 @@ GM_FN void gm_fetch_round(typename WS::template raw<F> (&wr)[GM_CW][U], const WS
     for (int c = 0; c < GM_CW; ++c) gm_fetch<F>(&wr[c][j], w, col_w + c * GM_TN, kk + j * F * GM_KC, K, ok[c]);
 }
 
-template <int GM_MT, int U, int F, class WS, bool XLO = false>
+template <int GM_MT, int U, int F, class WS, bool XLO = false, bool XS = false>
 GM_FN void gm_consume_round(gm_acc (&acc)[GM_MT][GM_CW], const typename WS::template raw<F> (&wr)[GM_CW][U],
                             const unsigned short* __restrict__ x, const WS& w, int kk, int M, int K) {
 #pragma unroll
@@ -275,7 +275,9 @@ GM_FN void gm_consume_round(gm_acc (&acc)[GM_MT][GM_CW], const typename WS::temp
 #pragma unroll
       for (int mt = 0; mt < GM_MT; ++mt) {
         gm_xfrag xf;
-        if (F == 1)
+        if (XS)
+          gm_load_xs(&xf, x, kk + j * GM_KC);
+        else if (F == 1)
           gm_load_x(&xf, x, mt * 16, kk + j * GM_KC, M, K);
         else
           gm_load_x_at<XLO>(&xf, x, mt * 16, kk + j * F * GM_KC + gm_qlane_k<F>(GM_TID() % GM_LANES) + h * 8 * GM_WQ,
@@ -290,12 +292,12 @@ GM_FN void gm_consume_round(gm_acc (&acc)[GM_MT][GM_CW], const typename WS::temp
     }
 }
 
-template <int GM_MT, int U, int F, class WS, bool XLO = false>
+template <int GM_MT, int U, int F, class WS, bool XLO = false, bool XS = false>
 GM_FN void gm_round(gm_acc (&acc)[GM_MT][GM_CW], const unsigned short* __restrict__ x, const WS& w, int col_w,
                     const int (&ok)[GM_CW], int kk, int M, int K) {
   typename WS::template raw<F> wr[GM_CW][U];
   gm_fetch_round<U, F>(wr, w, col_w, ok, kk, K);
-  gm_consume_round<GM_MT, U, F, WS, XLO>(acc, wr, x, w, kk, M, K);
+  gm_consume_round<GM_MT, U, F, WS, XLO, XS>(acc, wr, x, w, kk, M, K);
 }
 
 /* The whole rounds of [kk, k_end) with the next round's loads issued before this round is consumed
@@ -340,29 +342,127 @@ struct gm_u<gm_w4, MT> {
 
 /* A warp's sums over its split [kk, k_end): rounds, then shorter ones, then single chunks. XLO: m-tile 0's
  * rows 8..15 hold no row of the call (4-bit fetches of GM_QSC > 1 chunks only). */
-template <int GM_MT, bool XLO, class WS>
+template <int GM_MT, bool XLO, class WS, bool XS = false>
 GM_FN void gm_split(gm_acc (&acc)[GM_MT][GM_CW], const unsigned short* __restrict__ x, const WS& w, int col_w,
                     const int (&ok)[GM_CW], int kk, int k_end, int M, int K) {
   constexpr int U = gm_u<WS, GM_MT>::value, F = WS::fetch_chunks;
   if (GM_QPIPE && F > 1 && GM_MT == 1) /* 4-bit, one m-tile: the next round in flight while this one is consumed */
     kk = gm_rounds_pipelined<GM_MT, U, F, WS, XLO>(acc, x, w, col_w, ok, kk, k_end, M, K);
   for (; kk + GM_KC * F * U <= k_end; kk += GM_KC * F * U) /* whole rounds: U fetches in flight */
-    gm_round<GM_MT, U, F, WS, XLO>(acc, x, w, col_w, ok, kk, M, K);
+    gm_round<GM_MT, U, F, WS, XLO, XS>(acc, x, w, col_w, ok, kk, M, K);
   if (U > 4) /* then a round of half as many: a short split (small K) keeps loads in flight */
     for (; kk + GM_KC * F * (U / 2) <= k_end; kk += GM_KC * F * (U / 2))
-      gm_round<GM_MT, (U > 4 ? U / 2 : 1), F, WS, XLO>(acc, x, w, col_w, ok, kk, M, K);
+      gm_round<GM_MT, (U > 4 ? U / 2 : 1), F, WS, XLO, XS>(acc, x, w, col_w, ok, kk, M, K);
   if (F > 1) /* whole fetches, one at a time */
     for (; kk + GM_KC * F <= k_end; kk += GM_KC * F)
       gm_round<GM_MT, 1, F, WS, XLO>(acc, x, w, col_w, ok, kk, M, K);
   for (; kk < k_end; kk += GM_KC) /* the rest, a chunk at a time */
-    gm_round<GM_MT, 1, 1>(acc, x, w, col_w, ok, kk, M, K);
+    gm_round<GM_MT, 1, 1, WS, false, XS>(acc, x, w, col_w, ok, kk, M, K);
+}
+
+
+/* RMSNorm of a row of K bf16 values x (issue #24), HF's Qwen3RMSNorm with its roundings:
+ * y = bf16(f32(g) * f32(bf16(x * rinv))), rinv = 1 / sqrt(ss / K + eps) in f32, g the norm's bf16 weight.
+ * ss, the sum of the squares, in one fixed order for a row whoever computes it: GM_NT threads, thread t
+ * taking the 16-byte vectors t, t + GM_NT, ... of the row in turn (each vector's 8 values in k order,
+ * one fma each), then the 32 lanes of a warp by an xor butterfly (each step a + b, the same sum in
+ * both lanes), then the warps' sums in warp order. The norm's own dispatch (gm_rms_norm_workgroup,
+ * verify's and the draft's rows) and the GEMM's norm prologue (gm_normed_x, decode's one row) both
+ * run gm_rms_rinv with GM_NT threads, so decode's normalized row has verify's bits. */
+#define GM_NT (GM_WARPS * GM_LANES)
+#ifndef GM_NORM_KMAX
+#define GM_NORM_KMAX 8192 /* the prologue's shared row: 16 KiB */
+#endif
+#define GM_NV (GM_NORM_KMAX / 8 / GM_NT) /* a thread's vectors of a row, at most */
+typedef unsigned gm_nvec __attribute__((ext_vector_type(4)));
+
+GM_FN float gm_lo(unsigned w) { return gm_f32((unsigned short)(w & 0xffffu)); }
+GM_FN float gm_hi(unsigned w) { return gm_f32((unsigned short)(w >> 16)); }
+
+/* 1 / sqrt(ss / K + eps) of the row whose vectors tid + GM_NT i this thread holds in v (zeros past K). */
+GM_FN float gm_rms_rinv(const gm_nvec (&v)[GM_NV], int K, float eps, int tid) {
+  GM_SHARED float gm_ss[GM_WARPS];
+  float ss = 0.0f;
+#pragma unroll
+  for (int i = 0; i < GM_NV; ++i)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      ss = __builtin_fmaf(gm_lo(v[i][c]), gm_lo(v[i][c]), ss);
+      ss = __builtin_fmaf(gm_hi(v[i][c]), gm_hi(v[i][c]), ss);
+    }
+  const int lane = tid % GM_LANES;
+#pragma unroll
+  for (int m = GM_LANES / 2; m >= 1; m /= 2) ss = ss + KG_SHFL(ss, lane ^ m);
+  if (lane == 0) gm_ss[tid / GM_LANES] = ss;
+  GM_BARRIER();
+  float t = gm_ss[0];
+#pragma unroll
+  for (int w = 1; w < GM_WARPS; ++w) t += gm_ss[w];
+  return 1.0f / __builtin_sqrtf(t / (float)K + eps);
+}
+
+/* The row's vectors tid + GM_NT i, all loads issued at once (zeros past K). */
+GM_FN void gm_row_vectors(gm_nvec (&v)[GM_NV], const unsigned short* __restrict__ x, int K, int tid) {
+#pragma unroll
+  for (int i = 0; i < GM_NV; ++i) {
+    const int e = 8 * (tid + GM_NT * i);
+    v[i] = e < K ? *(const gm_nvec*)(x + e) : (gm_nvec){0u, 0u, 0u, 0u};
+  }
+}
+
+GM_FN gm_nvec gm_norm_vec(gm_nvec xv, gm_nvec gv, float rinv) {
+  gm_nvec o;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const float a = gm_f32(gm_bf16(gm_lo(xv[c]) * rinv)), b = gm_f32(gm_bf16(gm_hi(xv[c]) * rinv));
+    o[c] = (unsigned)gm_bf16(gm_lo(gv[c]) * a) | (unsigned)gm_bf16(gm_hi(gv[c]) * b) << 16;
+  }
+  return o;
+}
+
+/* One workgroup of the norm's dispatch (grid (M), GM_NT threads): row wg_x of x [M, K] into y. */
+GM_FN void gm_rms_norm_workgroup(const unsigned short* __restrict__ x, const unsigned short* __restrict__ g,
+                                 unsigned short* __restrict__ y, int K, float eps, int wg_x, int tid) {
+  gm_nvec v[GM_NV], gv[GM_NV];
+  x += (long)wg_x * K, y += (long)wg_x * K;
+  gm_row_vectors(v, x, K, tid);
+  gm_row_vectors(gv, g, K, tid);
+  const float rinv = gm_rms_rinv(v, K, eps, tid);
+#pragma unroll
+  for (int i = 0; i < GM_NV; ++i) {
+    const int e = 8 * (tid + GM_NT * i);
+    if (e < K) *(gm_nvec*)(y + e) = gm_norm_vec(v[i], gv[i], rinv);
+  }
+}
+
+/* The GEMM's norm prologue (one row, M = 1): this workgroup's split [k0, k0 + KR) of the normalized row
+ * into shared memory; returns the address that the split's x loads (gm_load_xs) index by k. Every
+ * workgroup reads the whole row from L2 for ss (8 KiB at K = 4096) and g for its split only. */
+GM_FN const unsigned short* gm_normed_x(const unsigned short* __restrict__ x, const unsigned short* __restrict__ g,
+                                        float eps, int K, int k0, int KR, int tid) {
+  GM_SHARED gm_nvec gm_xs[GM_NORM_KMAX / 8];
+  gm_nvec v[GM_NV], gv[GM_NV];
+  gm_row_vectors(v, x, K, tid);
+#pragma unroll
+  for (int i = 0; i < GM_NV; ++i) {
+    const int e = 8 * (tid + GM_NT * i);
+    gv[i] = e >= k0 && e < k0 + KR ? *(const gm_nvec*)(g + e) : (gm_nvec){0u, 0u, 0u, 0u};
+  }
+  const float rinv = gm_rms_rinv(v, K, eps, tid);
+#pragma unroll
+  for (int i = 0; i < GM_NV; ++i) {
+    const int e = 8 * (tid + GM_NT * i);
+    if (e >= k0 && e < k0 + KR) gm_xs[(e - k0) / 8] = gm_norm_vec(v[i], gv[i], rinv);
+  }
+  GM_BARRIER();
+  return (const unsigned short*)gm_xs - k0;
 }
 
 /* Column block wg_x (of ceil(N / GM_BN); GM_EPI_SWIGLU: ceil(N / (GM_BN / 2))), split wg_y (of S) of
  * one weight (GM_EPI_SWIGLU: w the gate's, w1 up's), as one workgroup does it. When S == 1, y is
  * bf16[M*N]; otherwise part is f32[S*M*N] (split-major scratch; GM_EPI_SWIGLU: the gate's, then
  * up's) and cnt int32[blocks] is zero on entry and left zero. r: GM_EPI_RESIDUAL's bf16[M*N]. */
-template <int GM_MT, int GM_EPI = GM_EPI_NONE, class WS>
+template <int GM_MT, int GM_EPI = GM_EPI_NONE, class WS, bool XS = false>
 GM_FN void gm_workgroup(const unsigned short* __restrict__ x, WS w, unsigned short* __restrict__ y, float* __restrict__ part, int* cnt, int M, int N, int K,
                         int KR, int S, int wg_x, int wg_y, int tid, WS w1 = WS{},
                         const unsigned short* __restrict__ r = 0) {
@@ -388,7 +488,7 @@ GM_FN void gm_workgroup(const unsigned short* __restrict__ x, WS w, unsigned sho
     else
       gm_split<GM_MT, false>(acc, x, w, col_w, ok, k0, k0 + KR, M, K);
   } else {
-    gm_split<GM_MT, false>(acc, x, w, col_w, ok, k0, k0 + KR, M, K);
+    gm_split<GM_MT, false, WS, XS>(acc, x, w, col_w, ok, k0, k0 + KR, M, K);
   }
   /* GM_EPI_SWIGLU, one split: up's rounded sums go to the gate warps, which hold the same outputs
    * (the slot depends on the lane only) and write y. */
@@ -469,7 +569,7 @@ GM_FN void gm_workgroup(const unsigned short* __restrict__ x, WS w, unsigned sho
  * g's partials and counters follow weight g-1's in part and cnt. Each weight's columns are computed
  * exactly as gm_workgroup computes a lone weight with the same split, so the numerics contract holds
  * per weight, whatever G and GX are. */
-template <int GM_MT, int GM_G, class WS>
+template <int GM_MT, int GM_G, class WS, bool XS = false>
 GM_FN void gm_group_block(const unsigned short* __restrict__ x, WS w0, WS w1, WS w2, int* cnt, unsigned short* y0, unsigned short* y1,
                           unsigned short* y2, float* part, int M, int K, int KR, int S, int N0, int N1, int N2,
                           int cb0, int cb1, int b, int wg_y, int tid) {
@@ -481,36 +581,38 @@ GM_FN void gm_group_block(const unsigned short* __restrict__ x, WS w0, WS w1, WS
     b -= cb0, coff = cb0, poff = (long)S * M * N0, w = w1, y = y1, N = N1;
     if (GM_G > 2 && b >= cb1) b -= cb1, coff += cb1, poff += (long)S * M * N1, w = w2, y = y2, N = N2;
   }
-  gm_workgroup<GM_MT>(x, w, y, part + poff, cnt + coff, M, N, K, KR, S, b, wg_y, tid);
+  gm_workgroup<GM_MT, GM_EPI_NONE, WS, XS>(x, w, y, part + poff, cnt + coff, M, N, K, KR, S, b, wg_y, tid);
 }
 
-template <int GM_MT, int GM_G, class WS>
+template <int GM_MT, int GM_G, class WS, bool XS = false>
 GM_FN void gm_group(const unsigned short* __restrict__ x, WS w0, WS w1, WS w2, int* cnt, unsigned short* y0, unsigned short* y1, unsigned short* y2,
                     float* part, int M, int K, int KR, int S, int GX, int N0, int N1, int N2, int wg_x, int wg_y,
-                    int tid) {
+                    int tid, const unsigned short* g = 0, float eps = 0.0f) {
+  if (XS) x = gm_normed_x(x, g, eps, K, wg_y * KR, KR, tid);
   const int cb0 = (N0 + GM_BN - 1) / GM_BN, cb1 = GM_G > 1 ? (N1 + GM_BN - 1) / GM_BN : 0;
 #if GM_BLOCK_LOOP
   const int blocks = cb0 + cb1 + (GM_G > 2 ? (N2 + GM_BN - 1) / GM_BN : 0);
   for (int b = wg_x; b < blocks; b += GX)
-    gm_group_block<GM_MT, GM_G>(x, w0, w1, w2, cnt, y0, y1, y2, part, M, K, KR, S, N0, N1, N2, cb0, cb1, b, wg_y, tid);
+    gm_group_block<GM_MT, GM_G, WS, XS>(x, w0, w1, w2, cnt, y0, y1, y2, part, M, K, KR, S, N0, N1, N2, cb0, cb1, b, wg_y, tid);
 #else
   (void)GX; /* the plan gives GX = the block count on this backend: one block a workgroup */
-  gm_group_block<GM_MT, GM_G>(x, w0, w1, w2, cnt, y0, y1, y2, part, M, K, KR, S, N0, N1, N2, cb0, cb1, wg_x, wg_y, tid);
+  gm_group_block<GM_MT, GM_G, WS, XS>(x, w0, w1, w2, cnt, y0, y1, y2, part, M, K, KR, S, N0, N1, N2, cb0, cb1, wg_x, wg_y, tid);
 #endif
 }
 
 /* One workgroup of a single-weight dispatch with an epilogue (GM_EPI_RESIDUAL: w0, r; GM_EPI_SWIGLU:
  * w0 = gate, w1 = up): grid GX x S, workgroup (wg_x, s) does split s of column blocks wg_x, wg_x + GX, ... */
-template <int GM_MT, int GM_EPI, class WS>
+template <int GM_MT, int GM_EPI, class WS, bool XS = false>
 GM_FN void gm_single(const unsigned short* __restrict__ x, WS w0, WS w1, const unsigned short* r, int* cnt, unsigned short* y, float* part, int M, int K, int KR, int S,
-                     int GX, int N, int wg_x, int wg_y, int tid) {
+                     int GX, int N, int wg_x, int wg_y, int tid, const unsigned short* g = 0, float eps = 0.0f) {
+  if (XS) x = gm_normed_x(x, g, eps, K, wg_y * KR, KR, tid);
 #if GM_BLOCK_LOOP
   const int bn = GM_EPI == GM_EPI_SWIGLU ? GM_BN / 2 : GM_BN;
   for (int b = wg_x; b < (N + bn - 1) / bn; b += GX)
-    gm_workgroup<GM_MT, GM_EPI>(x, w0, y, part, cnt, M, N, K, KR, S, b, wg_y, tid, w1, r);
+    gm_workgroup<GM_MT, GM_EPI, WS, XS>(x, w0, y, part, cnt, M, N, K, KR, S, b, wg_y, tid, w1, r);
 #else
   (void)GX;
-  gm_workgroup<GM_MT, GM_EPI>(x, w0, y, part, cnt, M, N, K, KR, S, wg_x, wg_y, tid, w1, r);
+  gm_workgroup<GM_MT, GM_EPI, WS, XS>(x, w0, y, part, cnt, M, N, K, KR, S, wg_x, wg_y, tid, w1, r);
 #endif
 }
 

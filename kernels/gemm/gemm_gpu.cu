@@ -94,6 +94,13 @@ GM_FN void gm_load_x(gm_xfrag* f, const unsigned short* x, int row0, int k, int 
   f->lo = gm_ld4(p, r < M);
   f->hi = gm_ld4(p + 8L * K, r + 8 < M);
 }
+/* Decode's one row from the norm prologue's shared copy (gemm_body.h gm_normed_x): gm_load_x's fragment
+ * at M = 1. */
+GM_FN void gm_load_xs(gm_xfrag* f, const unsigned short* xs, int k) {
+  int lane = GM_TID() & 31;
+  f->lo = (lane >> 2) == 0 ? *(const gm_u4*)(xs + k + 8 * (lane & 3)) : (gm_u4){0u, 0u, 0u, 0u};
+  f->hi = (gm_u4){0u, 0u, 0u, 0u};
+}
 /* The same rows at this lane's own k-values from kl (a 4-bit super-chunk's chunk, gemm_body.h
  * gm_consume_round). Rows past M read row M - 1 instead of zeros: a matrix instruction's output row
  * depends on its own A row only, and rows >= M are never written, so their values do not matter and the
@@ -302,6 +309,10 @@ GM_FN void gm_load_x(gm_xfrag* f, const unsigned short* x, int row0, int k, int 
   int r = row0 + (lane & 15);
   f->v = r < M ? *(const gm_frag_t*)(x + (long)r * K + k + GM_KOFF(lane)) : (gm_frag_t){};
 }
+GM_FN void gm_load_xs(gm_xfrag* f, const unsigned short* xs, int k) {
+  int lane = GM_TID() & 31;
+  f->v = (lane & 15) == 0 ? *(const gm_frag_t*)(xs + k + GM_KOFF(lane)) : (gm_frag_t){};
+}
 template <bool XLO>
 GM_FN void gm_load_x_at(gm_xfrag* f, const unsigned short* x, int row0, int kl, int M, int K) {
   int lane = GM_TID() & 31;
@@ -401,6 +412,28 @@ typedef unsigned short GM_U16;
     gm_single<MT, GM_EPI_SWIGLU>(x, GM_W4(0), GM_W4(1), r_unused(), cnt, y, part, M, K, KR, S, GX, N, GM_WG_X(), GM_WG_Y(), GM_TID()); \
   }
 GM_FN const GM_U16* r_unused() { return 0; }
+/* Decode's one row with the RMSNorm before the GEMM in its prologue (gemm_body.h gm_normed_x): q, k and v
+ * of a layer, and gate + up with swiglu; g the norm's bf16 weight [K], eps its bits. */
+GM_FN float gm_eps(int bits) {
+  union { int i; float f; } u;
+  u.i = bits;
+  return u.f;
+}
+#define GM_ENTRY3_NORM                                                                                        \
+  extern "C" __global__ void GM_LAUNCH(1)                                                                     \
+      dflash_gemm3_norm_mt1(const GM_U16* __restrict__ x, const GM_U16* g, const GM_U16* w0, const GM_U16* w1,     \
+                            const GM_U16* w2, int* cnt, GM_U16* y0, GM_U16* y1, GM_U16* y2, float* part, int M, int K, \
+                            int KR, int S, int GX, int N0, int N1, int N2, int eps) {                               \
+    gm_group<1, 3, gm_w16, true>(x, GM_W16(0), GM_W16(1), GM_W16(2), cnt, y0, y1, y2, part, M, K, KR, S, GX, N0, N1, N2, \
+                                 GM_WG_X(), GM_WG_Y(), GM_TID(), g, gm_eps(eps));                          \
+  }
+#define GM_ENTRY_SWIGLU_NORM                                                                                 \
+  extern "C" __global__ void GM_LAUNCH(1)                                                                    \
+      dflash_swiglu_norm_mt1(const GM_U16* __restrict__ x, const GM_U16* g, const GM_U16* w0, const GM_U16* w1,   \
+                             int* cnt, GM_U16* y, float* part, int M, int K, int KR, int S, int GX, int N, int eps) { \
+    gm_single<1, GM_EPI_SWIGLU, gm_w16, true>(x, GM_W16(0), GM_W16(1), r_unused(), cnt, y, part, M, K, KR, S, GX, N, \
+                                              GM_WG_X(), GM_WG_Y(), GM_TID(), g, gm_eps(eps));             \
+  }
 /* Two objects from this file (kernels/build.py): gemm_{arch} with the bf16 entry points (GM_BITS 16) and
  * gemm_q4_{arch} with the 4-bit ones (GM_BITS 4), so that a bf16 module embeds no 4-bit code. */
 #ifndef GM_BITS
@@ -412,6 +445,16 @@ GM_FN const GM_U16* r_unused() { return 0; }
 #define GM_ENTRIES(MT) GM_ENTRY1(MT) GM_ENTRY2(MT) GM_ENTRY3(MT) GM_ENTRY_RES(MT) GM_ENTRY_SWIGLU(MT)
 #endif
 GM_ENTRIES(1)
+#if GM_BITS != 4
+GM_ENTRY3_NORM
+GM_ENTRY_SWIGLU_NORM
+/* The norm's own dispatch (verify's and the draft's rows): grid (M), GM_NT threads. */
+extern "C" __global__ void __attribute__((launch_bounds(GM_NT))) dflash_rms_norm(const GM_U16* __restrict__ x,
+                                                                                const GM_U16* __restrict__ g,
+                                                                                GM_U16* __restrict__ y, int K, int eps) {
+  gm_rms_norm_workgroup(x, g, y, K, gm_eps(eps), GM_WG_X(), GM_TID());
+}
+#endif
 GM_ENTRIES(2)
 GM_ENTRIES(3)
 GM_ENTRIES(4)
