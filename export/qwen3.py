@@ -54,24 +54,33 @@ def _operands(linears) -> tuple[list, list, list, int]:
             [z for lin in linears for z in [lin.offset_tensor()] if z is not None], linears[0].group_size)
 
 
-def _norm_operands(norm: "RMSNorm | None") -> tuple:
-    """The linear ops' trailing (norm, eps) for NORM: none without one (the ops' defaults)."""
-    return () if norm is None else (norm.weight, norm.eps)
+def _op_input(x: torch.Tensor, h: torch.Tensor, linears, norm: "RMSNorm | None") -> tuple:
+    """The linear ops' x and trailing (norm, eps): x and the norm for float weights, whose GEMM takes it
+    (decode's one row in its prologue); for packed 4-bit ones h = norm(x) and none: their norm stays
+    IREE's reduction within a row, row-invariant too, and faster than the norm's own dispatch (1.73
+    against 2.65 us on an H100, experiments/2026-12-07-norm-prologue/) while the 4-bit GEMM has no
+    prologue entry (experiments/2026-12-07-q4-norm-prologue/)."""
+    from .quantized import QuantLinear
+
+    if norm is None or isinstance(linears[0], QuantLinear):
+        return h, ()
+    return x, (norm.weight, norm.eps)
 
 
 def project(x: torch.Tensor, linears, norm: "RMSNorm | None" = None) -> list[torch.Tensor]:
     """x [..., K] (with NORM: norm(x)) through each of LINEARS ([N_i, K]): [..., N_i] each, in x's dtype.
 
-    Exported, one named op `dflash::linear` over all of them, the norm included (one grouped dispatch
-    where the arch takes it; at decode's one row the norm in its prologue); eager, the norm and each
-    `nn.Linear` (the reference).
+    Exported, one named op `dflash::linear` over all of them, a float weight's norm included (one
+    grouped dispatch where the arch takes it; at decode's one row the norm in its prologue); eager, the
+    norm and each `nn.Linear` (the reference).
     """
     h = x if norm is None else norm(x)
     refs = [lin(h) for lin in linears]
     if not _named(*linears):
         return refs
     w, sc, z, g = _operands(linears)
-    return list(ops.linear(x, w, refs, sc, z, g, *_norm_operands(norm)))
+    xo, nrm = _op_input(x, h, linears, norm)
+    return list(ops.linear(xo, w, refs, sc, z, g, *nrm))
 
 
 def as_float32(x: torch.Tensor) -> torch.Tensor:
@@ -135,7 +144,8 @@ class MLP(nn.Module):
         if not _named(self.gate_proj, self.up_proj):
             return ref
         w, sc, z, g = _operands([self.gate_proj, self.up_proj])
-        return ops.linear_swiglu(x, w, ref, sc, z, g, *_norm_operands(norm))
+        xo, nrm = _op_input(x, h, [self.gate_proj], norm)
+        return ops.linear_swiglu(xo, w, ref, sc, z, g, *nrm)
 
     def add_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """residual + self(x), the MLP's half of a decoder layer (exported: two named ops)."""
