@@ -1,6 +1,6 @@
 """Row invariance on a GPU (issue #24): decode's logits row against verify's row, bit for bit.
 
-    .venv/bin/python bench/row_invariance_check.py prepare [--arch sm_80] [--models demo 8b]   # here
+    .venv/bin/python bench/row_invariance_check.py prepare [--arch sm_80] [--models demo 8b demo-mlx4]   # here
     bash bench/on_device.sh python3 bench/row_invariance_check.py run --json OUT.json           # on the GPU
 
 `prepare` exports each model's target with the debug functions of export/row_check.py (every layer's
@@ -17,7 +17,7 @@ BUILDS into .gpu/rows-ARCH/ (git-ignored; carry it with bench/pack_device.py):
 - "planted-split" (the planted control): "row-invariant", except that every M = 1 skinny GEMM takes
   another k split than the plan's (twice the splits where K allows, else half). It must part.
 
-`run` binds the weights (demo: the committed checkpoint; 8b: tests/fixtures/qwen3-8b's shapes with
+`run` binds the weights (demo: the committed checkpoint; demo-mlx4: its mlx-lm-written 4-bit copy; 8b: tests/fixtures/qwen3-8b's shapes with
 random bf16 weights, the module's own initialization, seeded), prefills a prompt, verifies a block
 after it and decodes the block's tokens one by one at the same positions, then counts the
 elements where decode j and verify row j differ: per layer, the logits, the greedy token. Prints a
@@ -38,6 +38,8 @@ WORK = ROOT / ".gpu"
 MODELS = {  # name -> (target, drafter, verify block, cache rows, prompt tokens)
     "demo": (ROOT / "models" / "demo" / "target", ROOT / "models" / "demo" / "drafter", 8, 256, 40),
     "8b": (ROOT / "tests" / "fixtures" / "qwen3-8b", ROOT / "tests" / "fixtures" / "qwen3-8b-dflash-b16", 16, 1024, 500),
+    # the demo target written 4-bit by mlx-lm (group 64; experiments/2026-12-03-q4-gpu/README.md)
+    "demo-mlx4": (WORK / "demo-mlx4-target", ROOT / "models" / "demo" / "drafter", 8, 256, 40),
 }
 BUILDS = ("before", "row-invariant", "planted-split")
 
@@ -177,7 +179,7 @@ def main() -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("prepare")
     p.add_argument("--arch", default="sm_80")
-    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    p.add_argument("--models", nargs="+", default=["demo", "8b"], choices=list(MODELS))
     p.add_argument("--builds", nargs="+", default=list(BUILDS), choices=list(BUILDS))
     r = sub.add_parser("run")
     r.add_argument("--json", type=Path, default=WORK / "row_invariance.json")

@@ -37,7 +37,8 @@ def _chosen(m, tokens, start, pages):
 
 def export_row_module(target_dir: Path, drafter_dir: Path, mlir: Path, block: int, context: int,
                       attention: str) -> tuple[int, int, int]:
-    """Export the target of TARGET_DIR (config only: built on the meta device) with `prefill` and the
+    """Export the target of TARGET_DIR (config only, and a 4-bit checkpoint's safetensors headers: built on
+    the meta device, its packed layers as the checkpoint stores them) with `prefill` and the
     debug functions (module docstring) for verify blocks of BLOCK rows and a cache of CONTEXT rows, in
     the attention form ATTENTION ("fused" for GPUs, "matmul" for the host), to MLIR file MLIR (not
     spliced). The drafter of DRAFTER_DIR is only the pair's other half: no drafter function is exported.
@@ -55,9 +56,12 @@ def export_row_module(target_dir: Path, drafter_dir: Path, mlir: Path, block: in
     tcfg = load_target_config(target_dir)
     dcfg = load_drafter_config(drafter_dir, tcfg)
     L, H, V = tcfg.num_hidden_layers, tcfg.hidden_size, tcfg.vocab_size
+    from .load import read_quantized, tie_embeddings
+
     with torch.device("meta"):
         target = Qwen3(tcfg, context, tuple(range(L)), 1, torch.bfloat16, attention=attention)
         drafter = DFlashDrafter(dcfg, context, block, 1, torch.bfloat16, attention=attention)
+    target = tie_embeddings(read_quantized(target, target_dir, torch.bfloat16))  # a 4-bit checkpoint: packed
     pair = aot.Pair(target, drafter).eval()
     pair.requires_grad_(False)
     T = ep.TensorSpec
