@@ -21,7 +21,7 @@ format is the op's: all its weights alike). Where the kernel does not take them 
 The RMSNorm a `linear` or `linear_swiglu` op carries (its `norm`, `eps`: the layer's input_layernorm
 before q, k and v, post_attention_layernorm before gate and up) goes with the GEMM: decode's one row
 takes the GEMM entry point that normalizes x in its prologue (kernels/gemm `norm_fused`), so the norm
-costs no dispatch of its own; other row counts take the norm's own dispatch (`norm_dispatch`) then
+costs no dispatch of its own; other shapes (more rows, other groups) take the norm's own dispatch (`norm_dispatch`) then
 the GEMM. Both compute a row's norm in one order (kernels/gemm/gemm_body.h gm_rms_rinv): the rows have
 the same bits either way. A norm the kernel does not take, or an op with a weight left to IREE,
 gives the whole op to IREE (its reference, the norm included).

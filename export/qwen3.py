@@ -138,7 +138,8 @@ class MLP(nn.Module):
 
     def swiglu(self, x: torch.Tensor, norm: "RMSNorm | None" = None) -> torch.Tensor:
         """silu(gate(h)) * up(h), h = x or norm(x): x [..., hidden] -> [..., intermediate] (exported:
-        `dflash::linear_swiglu`, the norm included)."""
+        `dflash::linear_swiglu`, the norm included for float weights; packed 4-bit: IREE's norm before
+        the op, `_op_input`)."""
         h = x if norm is None else norm(x)
         ref = F.silu(self.gate_proj(h)) * self.up_proj(h)
         if not _named(self.gate_proj, self.up_proj):
@@ -152,7 +153,8 @@ class MLP(nn.Module):
         return project_residual(self.swiglu(x), self.down_proj, residual)
 
     def add_normed(self, x: torch.Tensor, norm: "RMSNorm") -> torch.Tensor:
-        """x + self(norm(x)) (exported: two named ops, the norm in the first)."""
+        """x + self(norm(x)): x [..., hidden] -> [..., hidden] (exported: two named ops, the norm in the
+        first for float weights)."""
         return project_residual(self.swiglu(x, norm), self.down_proj, x)
 
 
@@ -285,8 +287,9 @@ class Attention(nn.Module):
 
     def qkv_written(self, x: torch.Tensor, cos, sin, cache: torch.Tensor, rows: torch.Tensor,
                     norm: "RMSNorm | None" = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """`qkv` of x [S, T, hidden] (with NORM: of norm(x), the norm in the projections' named op) with k
-        and v written into cache at rows (`write_cache`), as the named op `dflash::norm_rope_kv_write`:
+        """`qkv` of x [S, T, hidden] (with NORM: of norm(x), the norm in the projections' named op for
+        float weights) with k and v written into cache at rows (`write_cache`), as the named op
+        `dflash::norm_rope_kv_write`:
         the GPU export's form (`DecoderLayer.step`), one dispatch (kernels/norm_rope/) where IREE took
         the norm + rope, a copy of v and a scatter. Returns the rotated q [S, T, Hq, hd] and the cache
         after the write (a new value)."""

@@ -17,10 +17,11 @@ With `quant=Q4(fmt, group)` each weight is packed 4-bit as its checkpoint stores
 [N, K / group] and by format `%o{g}`: MLX's biases bf16 [N, K / group] ("mlx"), compressed-tensors'
 zero points int32 [ceil(N / 8), K / group] ("zp"), or nothing (compressed-tensors symmetric, "sym");
 the dequantized weight lives in registers only (issue #28).
-With `norm=eps` the dispatch also applies the RMSNorm before the GEMM to x (`@{name}(%x, %g, %w..)`, g the
+With `norm=eps` the dispatch also applies the RMSNorm before the GEMM to x (`@{name}(%x, %nw, %w..)`, nw the
 norm's bf16 weight [K]): at M = 1, for q + k + v and for gate + up with swiglu, in the GEMM's prologue
 (`norm_fused`; gemm_body.h gm_normed_x), so that decode's norm costs no dispatch of its own (issue
-#24). Other rows take `norm_dispatch`, the norm's own dispatch, then the plain GEMM: both compute a
+#24); `gemm_dispatch(norm=)` refuses other shapes, which export/lower_linear.py gives `norm_dispatch`,
+the norm's own dispatch, then the plain GEMM: both compute a
 row's norm in one fixed order (gemm_body.h gm_rms_rinv), so the rows have the same bits either way.
 The plan (columns per workgroup, k splits, workgroups along the columns) depends on (the N's, K,
 arch) only, never on M: every row of y is computed by the same sequence of instructions whatever M
@@ -364,7 +365,7 @@ def gemm_dispatch(M: int, N, K: int, arch: str, *, name: str = "dflash_gemm",
     [1, M, N]). kernels/gemm/gemm_body.h, "Epilogues", has the roundings. quant: packed 4-bit
     weights in that format (module docstring): each `%w{g}` becomes its operands `Q4.operand_types`.
     norm: the eps of an RMSNorm applied to x first, in the GEMM's prologue (`norm_fused` shapes only;
-    the function takes `%g`, the norm's bf16 weight [K], after x).
+    the function takes `%nw`, the norm's bf16 weight [K], after x).
 
     Raises:
         DFlashError: a shape or arch the kernel does not take, an unknown epilogue or one whose
@@ -447,10 +448,10 @@ def gemm_dispatch(M: int, N, K: int, arch: str, *, name: str = "dflash_gemm",
 
 
 def standalone_module(d: GemmDispatch) -> str:
-    """A whole module around D with a public `gemm(x, w0, ..[, r]) -> (y0, ..)` (D's function's
-    arguments and results, out_shape left at its default)."""
+    """A whole module around D with a public `gemm(x[, nw], w0, ..[, r]) -> (y0, ..)` (D's function's
+    arguments and results, out_shape left at its default; nw, the norm's weight, when D has one)."""
     x_t = f"tensor<{d.M}x{d.K}xbf16>"
-    in_t = weight_types(d.Ns, d.K, d.quant)
+    in_t = ([f"tensor<{d.K}xbf16>"] if d.norm is not None else []) + weight_types(d.Ns, d.K, d.quant)
     y_t = [f"tensor<{d.M}x{n}xbf16>" for n in d.Ns]
     if d.epilogue is not None:
         y_t = y_t[:1]

@@ -448,7 +448,7 @@ GM_ENTRIES(1)
 #if GM_BITS != 4
 GM_ENTRY3_NORM
 GM_ENTRY_SWIGLU_NORM
-/* The norm's own dispatch (verify's and the draft's rows): grid (M), GM_NT threads. */
+/* The norm's own dispatch (the target's rows at M > 1: verify, prefill): grid (M), GM_NT threads. */
 extern "C" __global__ void __attribute__((launch_bounds(GM_NT))) dflash_rms_norm(const GM_U16* __restrict__ x,
                                                                                 const GM_U16* __restrict__ g,
                                                                                 GM_U16* __restrict__ y, int K, int eps) {
